@@ -1,0 +1,1 @@
+"""nanovllm_edu.engine (modules exported from the course notebooks)."""

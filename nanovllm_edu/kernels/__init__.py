@@ -1,0 +1,1 @@
+"""nanovllm_edu.kernels (modules exported from the course notebooks)."""

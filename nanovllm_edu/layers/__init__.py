@@ -1,0 +1,1 @@
+"""nanovllm_edu.layers (modules exported from the course notebooks)."""

@@ -1,0 +1,1 @@
+"""nanovllm_edu.models (modules exported from the course notebooks)."""

@@ -1,0 +1,1 @@
+"""nanovllm_edu.utils (modules exported from the course notebooks)."""
