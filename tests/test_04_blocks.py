@@ -1,0 +1,356 @@
+"""Notebook 04: Sequence, the block manager's bookkeeping (property-based) and paged torch attention
+against plain causal attention (prefill with and without a cached prefix, decode, GQA, block sizes 16/256)."""
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from nanovllm_edu.engine.block_manager import BlockManager
+from nanovllm_edu.engine.sequence import Sequence, SequenceStatus, check_block_size
+from nanovllm_edu.layers.attention_backends import AttentionBackend, TorchBackend, get_attention_backend
+from nanovllm_edu.sampling_params import SamplingParams
+from nanovllm_edu.utils.context import Context
+
+torch.set_grad_enabled(False)
+
+
+# ---------------------------------------------------------------- Sequence
+
+def test_sequence_counts_and_blocks():
+    seq = Sequence(list(range(40)), SamplingParams(max_tokens=3), block_size=16)
+    assert seq.status == SequenceStatus.WAITING and seq.finish_reason is None
+    assert (len(seq), seq.num_prompt_tokens, seq.num_blocks, seq.last_block_num_tokens) == (40, 40, 3, 8)
+    assert seq.block(0) == list(range(16)) and seq.block(2) == list(range(32, 40))
+    with pytest.raises(IndexError):
+        seq.block(3)
+    seq.append_token(99)
+    assert seq.last_token == 99 and seq.num_completion_tokens == 1 and seq.completion_token_ids == [99]
+    assert seq.prompt_token_ids == list(range(40)) and seq.num_tokens == 41
+
+
+def test_sequence_copies_tokens_and_has_unique_ids():
+    prompt = [1, 2, 3]
+    a, b = Sequence(prompt), Sequence(prompt)
+    a.append_token(4)
+    assert prompt == [1, 2, 3] and a.seq_id != b.seq_id
+    assert a.block_size == 256 and a.sampling_params == SamplingParams()
+
+
+@pytest.mark.parametrize("bad", [0, 1, 8, 24, 100, 255, -16, 16.0])
+def test_block_size_validation(bad):
+    with pytest.raises(ValueError, match="power of two"):
+        check_block_size(bad)
+    with pytest.raises(ValueError):
+        BlockManager(4, bad)
+
+
+def test_empty_prompt_rejected():
+    with pytest.raises(ValueError):
+        Sequence([])
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 256, 1024])
+def test_valid_block_sizes(block_size):
+    assert BlockManager(3, block_size).block_size == block_size
+
+
+# ---------------------------------------------------------------- BlockManager
+
+def test_allocate_deallocate_roundtrip():
+    bm = BlockManager(6, 16)
+    a, b = Sequence(list(range(33)), block_size=16), Sequence(list(range(16)), block_size=16)
+    bm.allocate(a)
+    bm.allocate(b)
+    assert len(a.block_table) == 3 and len(b.block_table) == 1 and bm.num_free_blocks == 2
+    assert not set(a.block_table) & set(b.block_table)
+    bm.check_invariants([a, b])
+    c = Sequence(list(range(40)), block_size=16)
+    assert not bm.can_allocate(c)
+    with pytest.raises(RuntimeError):
+        bm.allocate(c)
+    bm.check_invariants([a, b])  # a failed allocate takes nothing
+    bm.deallocate(a)
+    assert a.block_table == [] and bm.num_free_blocks == 5
+    bm.deallocate(a)  # second deallocate of an empty table is a no-op, not a double free
+    assert bm.num_free_blocks == 5
+    bm.check_invariants([b])
+
+
+def test_freed_blocks_go_to_the_back():
+    bm = BlockManager(4, 16)
+    a = Sequence(list(range(20)), block_size=16)
+    bm.allocate(a)
+    assert a.block_table == [0, 1]
+    bm.deallocate(a)
+    assert list(bm.free_block_ids) == [2, 3, 1, 0]
+
+
+def test_append_needs_a_block_only_when_one_starts():
+    bm = BlockManager(3, 16)
+    seq = Sequence(list(range(16)), block_size=16)
+    bm.allocate(seq)
+    seq.append_token(1)  # token 17 starts block 1
+    assert bm.num_missing_blocks(seq) == 1 and bm.can_append(seq)
+    bm.may_append(seq)
+    assert len(seq.block_table) == 2
+    for _ in range(15):
+        seq.append_token(1)
+        assert bm.num_missing_blocks(seq) == 0
+        bm.may_append(seq)
+    assert len(seq.block_table) == 2
+    hog = Sequence([1], block_size=16)
+    bm.allocate(hog)
+    seq.append_token(1)
+    assert not bm.can_append(seq)
+    with pytest.raises(RuntimeError):
+        bm.may_append(seq)
+    bm.check_invariants([seq, hog])
+
+
+def test_block_size_mismatch_rejected():
+    with pytest.raises(ValueError, match="block size"):
+        BlockManager(4, 16).allocate(Sequence([1, 2], block_size=32))
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    """Random allocate / append / deallocate sequences never leak or double-free a block."""
+
+    def __init__(self):
+        super().__init__()
+        self.bm = BlockManager(10, 16)
+        self.live: list[Sequence] = []
+
+    @rule(n=st.integers(1, 70))
+    def allocate(self, n):
+        seq = Sequence([7] * n, block_size=16)
+        if self.bm.can_allocate(seq):
+            free = self.bm.num_free_blocks
+            self.bm.allocate(seq)
+            assert self.bm.num_free_blocks == free - seq.num_blocks
+            self.live.append(seq)
+        else:
+            assert self.bm.num_free_blocks < seq.num_blocks
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def append(self, data):
+        seq = data.draw(st.sampled_from(self.live))
+        seq.append_token(3)
+        if self.bm.can_append(seq):
+            self.bm.may_append(seq)
+        else:  # out of blocks: behave like a preemption
+            self.bm.deallocate(seq)
+            self.live.remove(seq)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def deallocate(self, data):
+        seq = data.draw(st.sampled_from(self.live))
+        self.bm.deallocate(seq)
+        self.live.remove(seq)
+
+    @invariant()
+    def consistent(self):
+        self.bm.check_invariants(self.live)
+        owned = [b for s in self.live for b in s.block_table]
+        assert len(owned) == len(set(owned)), "two sequences own one block"
+        assert all(len(s.block_table) == s.num_blocks for s in self.live)
+        assert self.bm.num_free_blocks == self.bm.num_blocks - len(owned)
+
+
+TestBlockManagerMachine = BlockManagerMachine.TestCase
+TestBlockManagerMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None,
+                                            suppress_health_check=[HealthCheck.too_slow])
+
+
+# ---------------------------------------------------------------- paged attention
+
+def reference_attention(q, k, v, scale):
+    """Plain causal attention of one sequence whose queries are its last q.shape[0] tokens."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) * scale
+    q_pos = torch.arange(k.shape[0] - q.shape[0], k.shape[0])
+    scores = scores.masked_fill(torch.arange(k.shape[0])[None, :] > q_pos[:, None], float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double()).float()
+
+
+class PagedSetup:
+    """Random sequences stored in a cache whose blocks are shuffled, with -1 padded block tables."""
+
+    def __init__(self, lengths, block_size, num_heads, kv_heads, head_dim=16, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        self.lengths, self.block_size = lengths, block_size
+        self.scale = head_dim ** -0.5
+        need = [(n + block_size - 1) // block_size for n in lengths]
+        num_blocks = sum(need) + 3
+        perm = torch.randperm(num_blocks, generator=gen).tolist()
+        self.tables = [[perm.pop() for _ in range(b)] for b in need]
+        width = max(need) + 1  # one more column of -1 padding than needed
+        self.block_tables = torch.tensor([t + [-1] * (width - len(t)) for t in self.tables], dtype=torch.int32)
+        self.q = [torch.randn(n, num_heads, head_dim, generator=gen) for n in lengths]
+        self.k = [torch.randn(n, kv_heads, head_dim, generator=gen) for n in lengths]
+        self.v = [torch.randn(n, kv_heads, head_dim, generator=gen) for n in lengths]
+        self.k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)  # garbage around
+        self.v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+        self.expected = [reference_attention(q, k, v, self.scale) for q, k, v in zip(self.q, self.k, self.v)]
+
+    def slots(self, i, start, end):
+        bs = self.block_size
+        return [self.tables[i][p // bs] * bs + p % bs for p in range(start, end)]
+
+    def store_all(self, backend):
+        slots = torch.tensor(sum((self.slots(i, 0, n) for i, n in enumerate(self.lengths)), []))
+        backend.store_kvcache(torch.cat(self.k), torch.cat(self.v), self.k_cache, self.v_cache, slots)
+
+
+def cu(lengths):
+    return torch.tensor([0] + list(lengths)).cumsum(0).to(torch.int32)
+
+
+CASES = [(16, 4, 4), (16, 4, 2), (16, 8, 1), (256, 4, 2), (256, 6, 3)]  # block size, heads, kv heads
+
+
+@pytest.mark.parametrize("block_size,heads,kv_heads", CASES)
+def test_prefill_without_prefix(block_size, heads, kv_heads):
+    s = PagedSetup([37, 1, 16, 70], block_size, heads, kv_heads)
+    backend = TorchBackend()
+    slots = torch.tensor(sum((s.slots(i, 0, n) for i, n in enumerate(s.lengths)), []))
+    ctx = Context(is_prefill=True, cu_seqlens_q=cu(s.lengths), cu_seqlens_k=cu(s.lengths),
+                  max_seqlen_q=max(s.lengths), max_seqlen_k=max(s.lengths), slot_mapping=slots)
+    k, v = torch.cat(s.k), torch.cat(s.v)
+    backend.store_kvcache(k, v, s.k_cache, s.v_cache, slots)
+    out = backend.prefill(torch.cat(s.q), k, v, s.k_cache, s.v_cache, ctx, s.scale)
+    torch.testing.assert_close(out, torch.cat(s.expected), atol=2e-5, rtol=1e-4)
+    # the same step read through the cache (block tables set, nothing cached before) agrees too
+    ctx.block_tables = s.block_tables
+    out = TorchBackend().prefill(torch.cat(s.q), k, v, s.k_cache, s.v_cache, ctx, s.scale)
+    torch.testing.assert_close(out, torch.cat(s.expected), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("block_size,heads,kv_heads", CASES)
+def test_prefill_with_cached_prefix(block_size, heads, kv_heads):
+    s = PagedSetup([37, 20, 300, 5], block_size, heads, kv_heads, seed=1)
+    backend = TorchBackend()
+    cached = [32, 19, 256, 0]  # tokens already in the cache; the rest is this step's chunk
+    # store only the cached part first, as an earlier step would have
+    pre = torch.tensor(sum((s.slots(i, 0, c) for i, c in enumerate(cached)), []))
+    backend.store_kvcache(torch.cat([k[:c] for k, c in zip(s.k, cached)]),
+                          torch.cat([v[:c] for v, c in zip(s.v, cached)]), s.k_cache, s.v_cache, pre)
+    new = [n - c for n, c in zip(s.lengths, cached)]
+    slots = torch.tensor(sum((s.slots(i, c, n) for i, (c, n) in enumerate(zip(cached, s.lengths))), []))
+    ctx = Context(is_prefill=True, cu_seqlens_q=cu(new), cu_seqlens_k=cu(s.lengths), max_seqlen_q=max(new),
+                  max_seqlen_k=max(s.lengths), slot_mapping=slots, block_tables=s.block_tables)
+    q = torch.cat([x[c:] for x, c in zip(s.q, cached)])
+    k = torch.cat([x[c:] for x, c in zip(s.k, cached)])
+    v = torch.cat([x[c:] for x, c in zip(s.v, cached)])
+    backend.store_kvcache(k, v, s.k_cache, s.v_cache, slots)
+    out = backend.prefill(q, k, v, s.k_cache, s.v_cache, ctx, s.scale)
+    expected = torch.cat([e[c:] for e, c in zip(s.expected, cached)])
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("block_size,heads,kv_heads", CASES)
+def test_decode(block_size, heads, kv_heads):
+    lengths = [1, 17, 300, 64, 5]
+    s = PagedSetup(lengths, block_size, heads, kv_heads, seed=2)
+    backend = TorchBackend()
+    s.store_all(backend)
+    ctx = Context(is_prefill=False, context_lens=torch.tensor(lengths, dtype=torch.int32),
+                  block_tables=s.block_tables,
+                  slot_mapping=torch.tensor([s.slots(i, n - 1, n)[0] for i, n in enumerate(lengths)]))
+    out = backend.decode(torch.stack([q[-1] for q in s.q]), s.k_cache, s.v_cache, ctx, s.scale)
+    torch.testing.assert_close(out, torch.stack([e[-1] for e in s.expected]), atol=2e-5, rtol=1e-4)
+
+
+def test_single_sequence_prefill_fast_path():
+    s = PagedSetup([50], 16, 4, 2)
+    ctx = Context(is_prefill=True, cu_seqlens_q=cu([50]), cu_seqlens_k=cu([50]), max_seqlen_q=50, max_seqlen_k=50)
+    out = TorchBackend().prefill(s.q[0], s.k[0], s.v[0], s.k_cache, s.v_cache, ctx, s.scale)
+    torch.testing.assert_close(out, s.expected[0], atol=2e-5, rtol=1e-4)
+
+
+def test_plan_reused_across_layers_is_right_for_each_layer():
+    """One context, two layers with different caches: the per-step plan must not mix them up."""
+    lengths = [9, 30]
+    layers = [PagedSetup(lengths, 16, 4, 2, seed=seed) for seed in (3, 4)]
+    # same block tables for both layers (one engine, one block manager)
+    layers[1].tables, layers[1].block_tables = layers[0].tables, layers[0].block_tables
+    backend = TorchBackend()
+    ctx = Context(is_prefill=False, context_lens=torch.tensor(lengths, dtype=torch.int32),
+                  block_tables=layers[0].block_tables)
+    for s in layers:
+        s.store_all(backend)
+    for s in layers:
+        out = backend.decode(torch.stack([q[-1] for q in s.q]), s.k_cache, s.v_cache, ctx, s.scale)
+        torch.testing.assert_close(out, torch.stack([e[-1] for e in s.expected]), atol=2e-5, rtol=1e-4)
+    # a new step (new context object) with other lengths is not served the old plan
+    short = [5, 3]
+    ctx2 = Context(is_prefill=False, context_lens=torch.tensor(short, dtype=torch.int32),
+                   block_tables=layers[0].block_tables)
+    s = layers[0]
+    q = torch.stack([s.q[0][4], s.q[1][2]])
+    out = backend.decode(q, s.k_cache, s.v_cache, ctx2, s.scale)
+    expected = torch.stack([reference_attention(s.q[0][:5], s.k[0][:5], s.v[0][:5], s.scale)[-1],
+                            reference_attention(s.q[1][:3], s.k[1][:3], s.v[1][:3], s.scale)[-1]])
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 60), st.integers(0, 60)), min_size=1, max_size=5),
+       st.sampled_from([16, 32]), st.sampled_from([(4, 4), (4, 2), (4, 1)]))
+def test_random_chunked_prefill_matches_reference(seqs, block_size, heads):
+    """Random (new tokens, cached tokens) pairs: paged prefill equals causal attention over the whole context."""
+    lengths = [n + c for n, c in seqs]
+    cached = [c for _, c in seqs]
+    s = PagedSetup(lengths, block_size, heads[0], heads[1], seed=sum(lengths))
+    backend = TorchBackend()
+    s.store_all(backend)
+    new = [n for n, _ in seqs]
+    ctx = Context(is_prefill=True, cu_seqlens_q=cu(new), cu_seqlens_k=cu(lengths), max_seqlen_q=max(new),
+                  max_seqlen_k=max(lengths), block_tables=s.block_tables if any(cached) else None)
+    q = torch.cat([x[c:] for x, c in zip(s.q, cached)])
+    k = torch.cat([x[c:] for x, c in zip(s.k, cached)])
+    v = torch.cat([x[c:] for x, c in zip(s.v, cached)])
+    out = backend.prefill(q, k, v, s.k_cache, s.v_cache, ctx, s.scale)
+    torch.testing.assert_close(out, torch.cat([e[c:] for e, c in zip(s.expected, cached)]), atol=3e-5, rtol=1e-4)
+
+
+def test_bfloat16_decode_close_to_float32():
+    s = PagedSetup([40, 7], 16, 4, 2)
+    backend = TorchBackend()
+    s.store_all(backend)
+    ctx = Context(is_prefill=False, context_lens=torch.tensor([40, 7], dtype=torch.int32), block_tables=s.block_tables)
+    q = torch.stack([x[-1] for x in s.q])
+    out = TorchBackend().decode(q.bfloat16(), s.k_cache.bfloat16(), s.v_cache.bfloat16(), ctx, s.scale)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), torch.stack([e[-1] for e in s.expected]), atol=3e-2, rtol=3e-2)
+
+
+# ---------------------------------------------------------------- backend selection
+
+def test_get_attention_backend():
+    cpu = torch.device("cpu")
+    assert isinstance(get_attention_backend("torch", cpu), TorchBackend)
+    assert isinstance(get_attention_backend("auto", cpu), TorchBackend)
+    assert isinstance(TorchBackend(), AttentionBackend) and TorchBackend.name == "torch"
+    with pytest.raises(ValueError, match="auto, torch, triton, flash_attn"):
+        get_attention_backend("sdpa", cpu)
+
+
+def test_flash_attn_missing_is_a_clear_error():
+    pytest.importorskip("nanovllm_edu.utils.device")
+    from nanovllm_edu.utils.device import flash_attn_available
+    if flash_attn_available():
+        pytest.skip("flash-attn is installed")
+    with pytest.raises(ImportError, match="flash-attn"):
+        get_attention_backend("flash_attn", torch.device("cpu"))
+
+
+def test_triton_backend_is_resolved_lazily():
+    pytest.importorskip("nanovllm_edu.kernels.paged_attention")
+    backend = get_attention_backend("triton", torch.device("cpu"))
+    assert isinstance(backend, AttentionBackend) and type(backend).__name__ == "TritonBackend"
