@@ -1,9 +1,8 @@
 """Notebook 04: Sequence, the block manager's bookkeeping (property-based) and paged torch attention
 against plain causal attention (prefill with and without a cached prefix, decode, GQA, block sizes 16/256)."""
-import random
-
 import pytest
 import torch
+from attention_helpers import PagedSetup, cu, reference_attention
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -168,49 +167,6 @@ TestBlockManagerMachine.settings = settings(max_examples=60, stateful_step_count
 
 # ---------------------------------------------------------------- paged attention
 
-def reference_attention(q, k, v, scale):
-    """Plain causal attention of one sequence whose queries are its last q.shape[0] tokens."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.double(), k.double()) * scale
-    q_pos = torch.arange(k.shape[0] - q.shape[0], k.shape[0])
-    scores = scores.masked_fill(torch.arange(k.shape[0])[None, :] > q_pos[:, None], float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double()).float()
-
-
-class PagedSetup:
-    """Random sequences stored in a cache whose blocks are shuffled, with -1 padded block tables."""
-
-    def __init__(self, lengths, block_size, num_heads, kv_heads, head_dim=16, seed=0):
-        gen = torch.Generator().manual_seed(seed)
-        self.lengths, self.block_size = lengths, block_size
-        self.scale = head_dim ** -0.5
-        need = [(n + block_size - 1) // block_size for n in lengths]
-        num_blocks = sum(need) + 3
-        perm = torch.randperm(num_blocks, generator=gen).tolist()
-        self.tables = [[perm.pop() for _ in range(b)] for b in need]
-        width = max(need) + 1  # one more column of -1 padding than needed
-        self.block_tables = torch.tensor([t + [-1] * (width - len(t)) for t in self.tables], dtype=torch.int32)
-        self.q = [torch.randn(n, num_heads, head_dim, generator=gen) for n in lengths]
-        self.k = [torch.randn(n, kv_heads, head_dim, generator=gen) for n in lengths]
-        self.v = [torch.randn(n, kv_heads, head_dim, generator=gen) for n in lengths]
-        self.k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)  # garbage around
-        self.v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
-        self.expected = [reference_attention(q, k, v, self.scale) for q, k, v in zip(self.q, self.k, self.v)]
-
-    def slots(self, i, start, end):
-        bs = self.block_size
-        return [self.tables[i][p // bs] * bs + p % bs for p in range(start, end)]
-
-    def store_all(self, backend):
-        slots = torch.tensor(sum((self.slots(i, 0, n) for i, n in enumerate(self.lengths)), []))
-        backend.store_kvcache(torch.cat(self.k), torch.cat(self.v), self.k_cache, self.v_cache, slots)
-
-
-def cu(lengths):
-    return torch.tensor([0] + list(lengths)).cumsum(0).to(torch.int32)
-
-
 CASES = [(16, 4, 4), (16, 4, 2), (16, 8, 1), (256, 4, 2), (256, 6, 3)]  # block size, heads, kv heads
 
 
@@ -218,7 +174,7 @@ CASES = [(16, 4, 4), (16, 4, 2), (16, 8, 1), (256, 4, 2), (256, 6, 3)]  # block 
 def test_prefill_without_prefix(block_size, heads, kv_heads):
     s = PagedSetup([37, 1, 16, 70], block_size, heads, kv_heads)
     backend = TorchBackend()
-    slots = torch.tensor(sum((s.slots(i, 0, n) for i, n in enumerate(s.lengths)), []))
+    slots = torch.tensor([x for i, n in enumerate(s.lengths) for x in s.slots(i, 0, n)])
     ctx = Context(is_prefill=True, cu_seqlens_q=cu(s.lengths), cu_seqlens_k=cu(s.lengths),
                   max_seqlen_q=max(s.lengths), max_seqlen_k=max(s.lengths), slot_mapping=slots)
     k, v = torch.cat(s.k), torch.cat(s.v)
@@ -237,11 +193,11 @@ def test_prefill_with_cached_prefix(block_size, heads, kv_heads):
     backend = TorchBackend()
     cached = [32, 19, 256, 0]  # tokens already in the cache; the rest is this step's chunk
     # store only the cached part first, as an earlier step would have
-    pre = torch.tensor(sum((s.slots(i, 0, c) for i, c in enumerate(cached)), []))
+    pre = torch.tensor([x for i, c in enumerate(cached) for x in s.slots(i, 0, c)])
     backend.store_kvcache(torch.cat([k[:c] for k, c in zip(s.k, cached)]),
                           torch.cat([v[:c] for v, c in zip(s.v, cached)]), s.k_cache, s.v_cache, pre)
     new = [n - c for n, c in zip(s.lengths, cached)]
-    slots = torch.tensor(sum((s.slots(i, c, n) for i, (c, n) in enumerate(zip(cached, s.lengths))), []))
+    slots = torch.tensor([x for i, (c, n) in enumerate(zip(cached, s.lengths)) for x in s.slots(i, c, n)])
     ctx = Context(is_prefill=True, cu_seqlens_q=cu(new), cu_seqlens_k=cu(s.lengths), max_seqlen_q=max(new),
                   max_seqlen_k=max(s.lengths), slot_mapping=slots, block_tables=s.block_tables)
     q = torch.cat([x[c:] for x, c in zip(s.q, cached)])
@@ -354,3 +310,4 @@ def test_triton_backend_is_resolved_lazily():
     pytest.importorskip("nanovllm_edu.kernels.paged_attention")
     backend = get_attention_backend("triton", torch.device("cpu"))
     assert isinstance(backend, AttentionBackend) and type(backend).__name__ == "TritonBackend"
+

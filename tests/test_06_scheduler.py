@@ -16,7 +16,7 @@ EOS = 0
 
 
 def make(num_blocks=32, block_size=16, caching=False, **cfg):
-    fields = dict(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=1024, eos=EOS) | cfg
+    fields = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 1024, "eos": EOS} | cfg
     return Scheduler(SimpleNamespace(**fields), make_block_manager(num_blocks, block_size, caching))
 
 
@@ -51,7 +51,7 @@ def check_step(sched, seqs, is_prefill):
     assert seqs, "schedule returned an empty step while work remains"
     assert len(seqs) <= sched.max_num_seqs
     assert sum(s.num_scheduled_tokens for s in seqs) <= sched.max_num_batched_tokens
-    assert len(set(id(s) for s in seqs)) == len(seqs)
+    assert len({id(s) for s in seqs}) == len(seqs)
     assert all(s.status == SequenceStatus.RUNNING and s.block_table for s in seqs)
     mid = [s for s in seqs if s.num_computed_tokens + s.num_scheduled_tokens < s.num_tokens]
     assert len(mid) <= 1, "two sequences mid-prefill"
@@ -103,7 +103,7 @@ def test_prefill_batch_limited_by_tokens_and_seqs():
     batch, is_prefill = sched.schedule()
     assert not is_prefill and batch == seqs[:3]  # running is full: decode
     sched = make(max_num_batched_tokens=25, max_num_seqs=8)
-    for s in (a := [seq(10) for _ in range(3)]):
+    for s in [seq(10) for _ in range(3)]:
         sched.add(s)
     batch, _ = sched.schedule()
     assert [s.num_scheduled_tokens for s in batch] == [10, 10, 5]  # the third is chunked to fit
