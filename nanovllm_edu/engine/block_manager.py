@@ -100,9 +100,10 @@ class BlockManager:
         self._check(seq)
         if not seq.block_table:
             raise RuntimeError(f"sequence {seq.seq_id} holds no blocks; allocate it first")
-        if not self.can_append(seq):
+        missing = self.num_missing_blocks(seq)
+        if missing > self.num_free_blocks:
             raise RuntimeError(f"sequence {seq.seq_id} needs a new block and none is free")
-        for _ in range(self.num_missing_blocks(seq)):
+        for _ in range(missing):
             seq.block_table.append(self._take_block().block_id)
 
     def check_invariants(self, seqs: list[Sequence] = ()) -> None:

@@ -23,6 +23,8 @@ def compute_block_hash(token_ids: list[int], prefix_hash: int = -1) -> int:
 class PrefixCachingBlockManager(BlockManager):
     """A block manager whose full blocks are found again by a chained hash of their content."""
 
+    compute_hash = staticmethod(compute_block_hash)  # nano-vllm's name for it
+
     def __init__(self, num_blocks: int, block_size: int = 256):
         super().__init__(num_blocks, block_size)
         self.hash_to_block_id: dict[int, int] = {}

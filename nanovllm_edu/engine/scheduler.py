@@ -105,9 +105,9 @@ class Scheduler:
             seq = self.running.popleft()
             while not bm.can_append(seq):
                 if self.running:
-                    self._preempt(self.running.pop())  # the newest has the least work to lose
+                    self.preempt(self.running.pop())  # the newest has the least work to lose
                 else:
-                    self._preempt(seq)
+                    self.preempt(seq)
                     break
             else:
                 bm.may_append(seq)
@@ -116,7 +116,7 @@ class Scheduler:
         self.running.extendleft(reversed(scheduled))  # back in front, in their old order
         return scheduled
 
-    def _preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: Sequence) -> None:
         """Free all of `seq`'s blocks and queue it first; its prompt + completion is recomputed later."""
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.WAITING
