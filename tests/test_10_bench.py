@@ -1,0 +1,131 @@
+"""The benchmark (notebook 10): workload, hardware limit, random-weight checkpoints, the CLI end to end."""
+import json
+import random
+
+import pytest
+import torch
+
+from nanovllm_edu.bench import (ANCHORS, ModelShape, build_random_checkpoint, checkpoint_shapes, fit_to_vocab,
+                                hardware_limit, main, make_workload, random_weights_config, workload_cost)
+
+
+def test_workload_reproduces_nano_vllm_draws():
+    workload = make_workload()
+    # nano-vllm's bench.py: seed(0), all prompts first, then all max_tokens
+    random.seed(0)
+    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(256)]
+    max_tokens = [random.randint(100, 1024) for _ in range(256)]
+    assert workload.prompts == prompts and workload.max_tokens == max_tokens
+    assert workload.total_tokens == sum(workload.max_tokens) == 133_966 == ANCHORS["total_tokens"]
+    assert workload.num_seqs == 256 and workload.temperature == 0.6
+
+
+def test_workload_is_private_and_scales():
+    random.seed(123)
+    expected = random.random()
+    random.seed(123)
+    make_workload(4)
+    assert random.random() == expected  # the global stream is untouched
+    small = make_workload(8, max_input_len=64, max_output_len=16)
+    assert small.input_len_range == (64, 64) and small.output_len_range == (16, 16)
+    assert all(len(p) == 64 for p in small.prompts) and small.total_tokens == 8 * 16
+    assert make_workload(3, 500, 200).prompts == make_workload(3, 500, 200).prompts
+    with pytest.raises(ValueError, match="positive"):
+        make_workload(0)
+
+
+def test_fit_to_vocab_keeps_lengths():
+    workload = make_workload(4, 300, 120)
+    folded = fit_to_vocab(workload, 4096)
+    assert folded.prompt_lens == workload.prompt_lens and folded.max_tokens == workload.max_tokens
+    assert max(max(p) for p in folded.prompts) < 4096
+    assert fit_to_vocab(workload, 151_936) is workload
+
+
+def test_hardware_limit_matches_the_design_notes():
+    workload = make_workload()
+    shape = ModelShape.from_config(random_weights_config("qwen3-0.6b"))
+    assert shape.kv_bytes_per_token == 2 * 28 * 8 * 128 * 2
+    cost = workload_cost(shape, workload.prompt_lens, workload.max_tokens)
+    assert cost["kv_bytes"] == pytest.approx(13.9e12, rel=0.01)
+    assert cost["decode_steps"] == max(workload.max_tokens) - 1
+    assert cost["prefill_steps"] == -(-sum(workload.prompt_lens) // 16384)
+    assert cost["weight_bytes_per_step"] == pytest.approx(596e6 * 2, rel=0.01)  # every weight once per step
+    limit = hardware_limit(cost, workload.total_tokens, copy_bandwidth=4.28e12, peak_flops=790e12)  # an H200, measured
+    assert limit["limit_seconds"] == pytest.approx(ANCHORS["hardware_limit_seconds"], rel=0.03)
+    assert limit["limit_tok_s"] == pytest.approx(ANCHORS["hardware_limit_tok_s"], rel=0.03)
+    two = hardware_limit(cost, workload.total_tokens, 4.28e12, 790e12, num_gpus=2)
+    assert two["limit_seconds"] == pytest.approx(limit["limit_seconds"] / 2)
+
+
+def test_kv_bytes_count_each_decode_step():
+    shape = ModelShape(num_layers=1, hidden=8, intermediate=16, num_heads=1, num_kv_heads=1, head_dim=1,
+                       vocab=10, tied=True, dtype_bytes=1)
+    # prompt 3, 4 tokens: the first comes from prefill; decode steps see contexts of 4, 5, 6 tokens
+    cost = workload_cost(shape, [3], [4])
+    assert cost["kv_bytes"] == (4 + 5 + 6) * 2
+
+
+def test_random_checkpoint_is_loadable(tmp_path):
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    config = random_weights_config("qwen3-0.6b") | {"num_hidden_layers": 2, "vocab_size": 512,
+                                                     "hidden_size": 64, "intermediate_size": 128,
+                                                     "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                     "head_dim": 16}
+    folder = build_random_checkpoint(config, tmp_path / "ckpt")
+    with safe_open(f"{folder}/model.safetensors", "pt") as f:
+        names = set(f.keys())
+        assert names == set(checkpoint_shapes(config))
+        assert "lm_head.weight" not in names  # tied embeddings
+        q = f.get_tensor("model.layers.0.self_attn.q_proj.weight")
+        assert q.dtype == torch.bfloat16 and q.shape == (64, 64)
+        assert 0.015 < q.float().std().item() < 0.025
+        assert f.get_tensor("model.layers.1.self_attn.k_norm.weight").eq(1).all()
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    assert hf.model.embed_tokens.weight.shape == (512, 64)
+    assert torch.equal(hf.lm_head.weight, hf.model.embed_tokens.weight)
+
+    from nanovllm_edu.models.qwen3 import Qwen3ForCausalLM
+    ours = Qwen3ForCausalLM.from_pretrained(folder)
+    ids = torch.tensor([1, 5, 9, 200])
+    with torch.no_grad():
+        expected = hf(ids[None]).logits[0].float()
+    assert torch.allclose(ours.logits(ids).float(), expected, atol=0.02, rtol=0.02)
+
+
+REQUIRED_KEYS = {"device", "versions", "workload", "num_seqs", "total_tokens", "seconds", "throughput_tok_s",
+                 "backend", "enforce_eager", "engine_config", "kv_bytes", "weight_bytes", "prefill_flops",
+                 "copy_bandwidth", "limit_seconds", "limit_tok_s", "fraction_of_limit", "ratio_to_nano_vllm",
+                 "ratio_to_nano_vllm_range", "hf_seconds", "hf_tok_s", "ratio"}
+
+
+def test_cli_end_to_end_on_cpu(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    result = main(["--device", "cpu", "--num-seqs", "4", "--max-input-len", "32", "--max-output-len", "8",
+                   "--max-num-seqs", "4", "--breakdown", "--compare-hf", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "Throughput:" in printed and "tok/s" in printed
+    record = json.loads(out.read_text())
+    assert REQUIRED_KEYS <= set(record)
+    assert record["device"] == "cpu" and record["num_seqs"] == 4
+    assert record["total_tokens"] == record["generated_tokens"] == 4 * 8
+    assert record["seconds"] > 0 and record["throughput_tok_s"] == pytest.approx(32 / record["seconds"])
+    assert record["limit_seconds"] is None  # the limit needs a GPU
+    assert record["engine_config"]["max_num_seqs"] == 4
+    assert set(record["versions"]) >= {"torch", "triton", "transformers", "python"}
+    assert record["workload"]["seed"] == 0 and record["workload"]["temperature"] == 0.6
+    decode = record["breakdown"]["decode"]
+    assert decode["steps"] == 8 - 1 and decode["forward"] > 0
+    assert record["hf_seconds"] > 0 and record["ratio"] == pytest.approx(record["hf_seconds"] / record["seconds"])
+
+
+def test_warmup_is_shaped_like_the_workload_but_not_cached():
+    from nanovllm_edu.bench import warmup_workload
+    workload = make_workload()
+    warmup = warmup_workload(workload, 151_936)
+    assert warmup.num_seqs == 32 and set(warmup.max_tokens) == {16}
+    assert max(warmup.prompt_lens) <= 1024 and sum(warmup.prompt_lens) > 16384  # full-size prefill steps
+    assert not {tuple(p[:16]) for p in warmup.prompts} & {tuple(p[:16]) for p in workload.prompts}
