@@ -9,7 +9,7 @@ __all__ = ['ANCHORS', 'NANO_VLLM_MID_TOK_S', 'MIN_LEN', 'TOKEN_ID_HIGH', 'WARMUP
            'engine_config_dict', 'time_generate', 'measure_rates', 'limit_fields', 'run_benchmark', 'parse_args',
            'engine_args_from', 'report', 'main']
 
-# %% ../notebooks/10_benchmark.ipynb #e5790d82
+# %% ../notebooks/10_benchmark.ipynb #b12a8214
 """`python -m nanovllm_edu.bench`: throughput on nano-vllm's benchmark workload, against the anchors and the
 hardware limit (exported from notebooks/10_benchmark.ipynb)."""
 import argparse
@@ -43,7 +43,7 @@ ANCHORS = {
 }
 NANO_VLLM_MID_TOK_S = sum(ANCHORS["nano_vllm_tok_s"]) / 2
 
-# %% ../notebooks/10_benchmark.ipynb #bb0ca10c
+# %% ../notebooks/10_benchmark.ipynb #bf529000
 MIN_LEN = 100  # lower bound of prompt and output lengths in the seed's workload
 TOKEN_ID_HIGH = 10_000  # prompt token ids are randint(0, TOKEN_ID_HIGH)
 WARMUP_SEQS, WARMUP_TOKENS = 32, 16  # the warm-up: prefills as large as the timed run's, short decodes
@@ -116,7 +116,7 @@ def sampling_params_for(workload: Workload) -> list:
     return [SamplingParams(temperature=workload.temperature, max_tokens=m, ignore_eos=True)
             for m in workload.max_tokens]
 
-# %% ../notebooks/10_benchmark.ipynb #231fb49f
+# %% ../notebooks/10_benchmark.ipynb #32435c5a
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "chat_template.jinja", "added_tokens.json")
 
@@ -186,7 +186,7 @@ def random_weights_config(name: str) -> dict:
         raise ValueError(f"unknown random-weights model {name!r}; choose one of {sorted(paths)}")
     return json.loads(Path(paths[name]()).read_text())
 
-# %% ../notebooks/10_benchmark.ipynb #a28fd5da
+# %% ../notebooks/10_benchmark.ipynb #3eb5f635
 @dataclass
 class ModelShape:
     """The numbers of a Qwen3 config that decide its bytes and FLOPs."""
@@ -255,7 +255,7 @@ def hardware_limit(cost: dict, total_tokens: int, copy_bandwidth: float, peak_fl
             "limit_memory_seconds": memory_s, "limit_compute_seconds": compute_s,
             "limit_seconds": limit_s, "limit_tok_s": total_tokens / limit_s}
 
-# %% ../notebooks/10_benchmark.ipynb #21c49aeb
+# %% ../notebooks/10_benchmark.ipynb #191c1cbd
 DATASHEET_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "H800": 989e12, "A100": 312e12,
                         "L40S": 362e12, "L4": 121e12}  # dense bf16 tensor-core peaks, for the record only
 
@@ -300,7 +300,7 @@ def datasheet_bf16_flops(device: torch.device) -> float | None:
     name = torch.cuda.get_device_name(device)
     return next((flops for key, flops in DATASHEET_BF16_FLOPS.items() if key in name), None)
 
-# %% ../notebooks/10_benchmark.ipynb #91fb7a6c
+# %% ../notebooks/10_benchmark.ipynb #31ef8146
 STAGES = {  # (object attribute on the engine, method) -> part of a step
     ("scheduler", "schedule"): "schedule",
     ("model_runner", "prepare_prefill"): "prepare",
@@ -373,7 +373,7 @@ class StepTimer:
                 delattr(owner, attr)  # the class's method shows through again
         self._saved.clear()
 
-# %% ../notebooks/10_benchmark.ipynb #0410bee3
+# %% ../notebooks/10_benchmark.ipynb #0701eead
 def run_hf(model_path: str, workload: Workload, device: torch.device, batch_size: int | None = None) -> float:
     """Seconds for transformers' batched `generate` to serve `workload` (bf16 on a GPU, checkpoint dtype on CPU)."""
     from transformers import AutoModelForCausalLM
@@ -403,7 +403,7 @@ def run_hf(model_path: str, workload: Workload, device: torch.device, batch_size
     del model
     return seconds
 
-# %% ../notebooks/10_benchmark.ipynb #971f305a
+# %% ../notebooks/10_benchmark.ipynb #a504f914
 LIMIT_KEYS = ("copy_bandwidth", "peak_flops", "peak_flops_datasheet", "num_gpus", "limit_memory_seconds",
               "limit_compute_seconds", "limit_seconds", "limit_tok_s", "fraction_of_limit")
 
@@ -514,11 +514,15 @@ def run_benchmark(model: str, workload: Workload, engine_args: dict, breakdown: 
     result["anchors_comparable"] = (workload.describe() == make_workload().describe()
                                     and ANCHORS["device"] in result["device"])
     if compare_hf:
-        hf_seconds = run_hf(model, workload, device, hf_batch_size)
-        result |= {"hf_seconds": hf_seconds, "hf_tok_s": total / hf_seconds, "ratio": hf_seconds / seconds}
+        try:
+            hf_seconds = run_hf(model, workload, device, hf_batch_size)
+            result |= {"hf_seconds": hf_seconds, "hf_tok_s": total / hf_seconds, "ratio": hf_seconds / seconds}
+        except torch.cuda.OutOfMemoryError as err:  # keep the engine's record; say how to fit
+            result |= {"hf_seconds": None, "hf_tok_s": None, "ratio": None,
+                       "hf_error": f"transformers ran out of GPU memory ({err}); try a smaller --hf-batch-size"}
     return result
 
-# %% ../notebooks/10_benchmark.ipynb #4e10f540
+# %% ../notebooks/10_benchmark.ipynb #71483f98
 ENGINE_ARGS = {  # flag -> (type, help); passed to LLM(...) only when given
     "max_num_seqs": (int, "sequences per step"),
     "max_num_batched_tokens": (int, "tokens per step"),
@@ -580,7 +584,9 @@ def report(result: dict) -> str:
     if result["anchors_comparable"]:
         low, high = result["ratio_to_nano_vllm_range"]
         lines.append(f"vs nano-vllm on an H200: {result['ratio_to_nano_vllm']:.2f}x ({low:.2f}-{high:.2f}x)")
-    if "hf_seconds" in result:
+    if result.get("hf_error"):
+        lines.append(result["hf_error"])
+    elif "hf_seconds" in result:
         lines.append(f"transformers generate: {result['hf_seconds']:.2f} s = {result['hf_tok_s']:.0f} tok/s; "
                      f"speedup over it: {result['ratio']:.2f}x")
     return "\n".join(lines)
