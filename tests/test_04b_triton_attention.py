@@ -8,11 +8,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from nanovllm_edu.kernels.paged_attention import (TritonBackend, decode_num_splits, paged_decode,  # noqa: E402
+from nanovllm_edu.kernels.paged_attention import (TritonBackend, decode_num_splits, paged_decode,
                                                   varlen_prefill)
-from nanovllm_edu.kernels.store_kvcache import store_kvcache_torch  # noqa: E402
-from nanovllm_edu.layers.attention_backends import AttentionBackend, TorchBackend  # noqa: E402
-from nanovllm_edu.utils.context import Context  # noqa: E402
+from nanovllm_edu.kernels.store_kvcache import store_kvcache_torch
+from nanovllm_edu.layers.attention_backends import AttentionBackend, TorchBackend
+from nanovllm_edu.utils.context import Context
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the small cases run compiled on a GPU machine
 gpu = pytest.mark.gpu
@@ -70,7 +70,7 @@ def prefill_case(q_lens, prefixes, block_size, heads, kv_heads, head_dim, dtype,
     slots = torch.tensor([int(tables[b, p // block_size]) * block_size + p % block_size
                           for b in range(len(q_lens)) for p in range(prefixes[b], ctx_lens[b])], device=device)
     store_kvcache_torch(k, v, k_cache, v_cache, slots)
-    cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)  # noqa: E731
+    cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     paged = any(prefixes)
     ctx = Context(is_prefill=True, cu_seqlens_q=cu(q_lens), cu_seqlens_k=cu(ctx_lens), max_seqlen_q=max(q_lens),
                   max_seqlen_k=max(ctx_lens), slot_mapping=slots, block_tables=tables if paged else None)

@@ -4,9 +4,9 @@
 __all__ = ['LOG2E', 'MAX_SPLITS', 'MIN_SPLIT_TOKENS', 'PROGRAMS_PER_SM', 'decode_num_splits', 'paged_decode', 'varlen_prefill',
            'TritonBackend']
 
-# %% ../../notebooks/04b_triton_attention.ipynb #d3b67c45
+# %% ../../notebooks/04b_triton_attention.ipynb #c5528983
 import os
-from functools import lru_cache
+from functools import cache
 
 import torch
 from torch import Tensor
@@ -47,7 +47,7 @@ def _kv_tile_rows(bt_row, toks, valid, tok0, offs_n, stride_block, stride_slot,
         block = tl.load(bt_row + toks // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         return block * stride_block + (toks % BLOCK_SIZE) * stride_slot
 
-# %% ../../notebooks/04b_triton_attention.ipynb #dc42324e
+# %% ../../notebooks/04b_triton_attention.ipynb #071841a3
 @triton.jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
@@ -108,7 +108,7 @@ def _decode_kernel(
         tl.store(out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
 
-# %% ../../notebooks/04b_triton_attention.ipynb #78299f27
+# %% ../../notebooks/04b_triton_attention.ipynb #666e93f3
 @triton.jit
 def _decode_reduce_kernel(m_part_ptr, l_part_ptr, acc_part_ptr, out_ptr, num_splits, stride_ob, stride_oh,
                           NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
@@ -128,7 +128,7 @@ def _decode_reduce_kernel(m_part_ptr, l_part_ptr, acc_part_ptr, out_ptr, num_spl
     out = tl.sum(acc * w[:, None], 0) / tl.where(l_total > 0, l_total, 1.0)
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
 
-# %% ../../notebooks/04b_triton_attention.ipynb #cf56fc89
+# %% ../../notebooks/04b_triton_attention.ipynb #516fa472
 MAX_SPLITS = 32
 MIN_SPLIT_TOKENS = 64
 PROGRAMS_PER_SM = 8
@@ -141,11 +141,11 @@ def decode_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: 
     return min(want, useful, MAX_SPLITS)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
-# %% ../../notebooks/04b_triton_attention.ipynb #121af4ea
+# %% ../../notebooks/04b_triton_attention.ipynb #c9397aaa
 def _check_attention_args(q: Tensor, kv: Tensor, kv_heads: int) -> None:
     """What the kernels assume: power-of-two head_dim, whole GQA groups, unit channel strides, one dtype."""
     head_dim = q.shape[-1]
@@ -200,7 +200,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tens
         )
     return out
 
-# %% ../../notebooks/04b_triton_attention.ipynb #8aba056a
+# %% ../../notebooks/04b_triton_attention.ipynb #d5f2852c
 @triton.jit
 def _prefill_tile(q, m_i, l_i, acc, tok0, offs_n, offs_d, pos_q, k_len, k_start, kvh, bt_row,
                   k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, qk_scale,
@@ -293,7 +293,7 @@ def _prefill_kernel(
     tl.store(out_ptr + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
 
-# %% ../../notebooks/04b_triton_attention.ipynb #6a09633c
+# %% ../../notebooks/04b_triton_attention.ipynb #edc4fce3
 def varlen_prefill(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor,
                    cu_seqlens_k: Tensor, max_seqlen_q: int, block_tables: Tensor | None, scale: float,
                    block_m: int | None = None, block_n: int | None = None) -> Tensor:
@@ -329,10 +329,11 @@ def varlen_prefill(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Te
     )
     return out
 
-# %% ../../notebooks/04b_triton_attention.ipynb #710cd9ef
+# %% ../../notebooks/04b_triton_attention.ipynb #d33516b6
 class TritonBackend(AttentionBackend):
     """Paged attention with this package's Triton kernels (CUDA; on CPU through Triton's interpreter)."""
     name = "triton"
+    supports_cuda_graphs = True  # decode reads only tensors and static shapes: no host sync, capturable
 
     def store_kvcache(self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
         store_kvcache(k, v, k_cache, v_cache, slot_mapping)

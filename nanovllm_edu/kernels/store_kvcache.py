@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['HAS_TRITON', 'store_kvcache_torch', 'store_kvcache', 'get_store_kvcache']
 
-# %% ../../notebooks/03_kv_store_kernel.ipynb #008066f9
+# %% ../../notebooks/03_kv_store_kernel.ipynb #d9e5ff57
 import torch
 from torch import Tensor
 
@@ -14,7 +14,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-# %% ../../notebooks/03_kv_store_kernel.ipynb #5fd6cfcb
+# %% ../../notebooks/03_kv_store_kernel.ipynb #a1530b95
 def store_kvcache_torch(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
     """Write key/value [T, kv_heads, head_dim] into the caches [num_blocks, block_size, kv_heads, head_dim]
     at `slot_mapping` [T] (slot = block * block_size + offset; -1: skip). Vectorised PyTorch."""
@@ -24,7 +24,7 @@ def store_kvcache_torch(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Te
     k_cache.view(-1, *k_cache.shape[-2:]).index_copy_(0, slots, key[keep])
     v_cache.view(-1, *v_cache.shape[-2:]).index_copy_(0, slots, value[keep])
 
-# %% ../../notebooks/03_kv_store_kernel.ipynb #626dc1fe
+# %% ../../notebooks/03_kv_store_kernel.ipynb #a7d633cf
 if HAS_TRITON:  # the module must import without Triton (e.g. macOS); the PyTorch path then serves
 
     @triton.jit
@@ -48,7 +48,7 @@ if HAS_TRITON:  # the module must import without Triton (e.g. macOS); the PyTorc
         tl.store(k_cache_ptr + dst, k, mask=mask)
         tl.store(v_cache_ptr + dst, v, mask=mask)
 
-# %% ../../notebooks/03_kv_store_kernel.ipynb #ecf699d4
+# %% ../../notebooks/03_kv_store_kernel.ipynb #c6c26957
 def store_kvcache(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
     """Write key/value [T, kv_heads, head_dim] (any strides) into the contiguous caches
     [num_blocks, block_size, kv_heads, head_dim] at `slot_mapping` [T] (-1: skip). One Triton launch."""
@@ -69,8 +69,8 @@ def store_kvcache(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, 
         BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
     )
 
-# %% ../../notebooks/03_kv_store_kernel.ipynb #1e0d567a
-from typing import Callable
+# %% ../../notebooks/03_kv_store_kernel.ipynb #5838f4ce
+from collections.abc import Callable
 
 
 def get_store_kvcache(device: torch.device | str) -> Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None]:
