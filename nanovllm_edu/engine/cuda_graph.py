@@ -43,7 +43,8 @@ class CUDAGraphRunner:
     def capture(self) -> tuple[float, int]:
         """Capture the largest batch first so its pool is big enough for all the others."""
         torch.cuda.synchronize()
-        start, mem_before = time.perf_counter(), torch.cuda.mem_get_info()[0]
+        torch.cuda.empty_cache()  # so the growth of reserved memory is what the graphs hold
+        start, mem_before = time.perf_counter(), torch.cuda.memory_reserved()
         for bs in reversed(self.batch_sizes):
             set_context(False, slot_mapping=self.slot_mapping[:bs], context_lens=self.context_lens[:bs],
                         block_tables=self.block_tables[:bs])
@@ -56,7 +57,7 @@ class CUDAGraphRunner:
             self.graphs[bs] = graph
             torch.cuda.synchronize()
             reset_context()
-        return time.perf_counter() - start, mem_before - torch.cuda.mem_get_info()[0]
+        return time.perf_counter() - start, torch.cuda.memory_reserved() - mem_before
 
     def padded_size(self, batch_size: int) -> int | None:
         """The smallest captured size that holds the batch, or None (run eagerly)."""

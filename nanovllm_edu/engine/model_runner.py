@@ -113,12 +113,17 @@ class ModelRunner:
         t = torch.as_tensor(data, dtype=dtype)
         return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
 
+    @staticmethod
+    def _block_table_array(seqs: list[Sequence]) -> np.ndarray:
+        """Block tables as one [B, max_blocks] int array, -1 padded, filled without a per-row Python loop."""
+        lens = np.fromiter((len(seq.block_table) for seq in seqs), dtype=np.int64, count=len(seqs))
+        table = np.full((len(seqs), int(lens.max())), -1, dtype=np.int64)
+        table[np.arange(table.shape[1]) < lens[:, None]] = np.fromiter(
+            (b for seq in seqs for b in seq.block_table), dtype=np.int64, count=int(lens.sum()))
+        return table
+
     def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
-        width = max(len(seq.block_table) for seq in seqs)
-        table = np.full((len(seqs), width), -1, dtype=np.int32)
-        for i, seq in enumerate(seqs):
-            table[i, : len(seq.block_table)] = seq.block_table
-        return self._tensor(table, torch.int32)
+        return self._tensor(self._block_table_array(seqs), torch.int32)
 
     def prepare_prefill(self, seqs: list[Sequence]):
         """Flatten each sequence's scheduled chunk; return inputs and the rows whose prompt completes now."""
@@ -148,15 +153,21 @@ class ModelRunner:
                 logits_index, sample_rows)
 
     def prepare_decode(self, seqs: list[Sequence]):
-        """One token per sequence: its last token at position num_tokens - 1."""
-        input_ids = [seq.last_token for seq in seqs]
-        positions = [seq.num_tokens - 1 for seq in seqs]
-        slots = [seq.block_table[-1] * self.block_size + seq.last_block_num_tokens - 1 for seq in seqs]
-        context_lens = [seq.num_tokens for seq in seqs]
-        set_context(False, slot_mapping=self._tensor(slots, torch.int64),
-                    context_lens=self._tensor(context_lens, torch.int32), block_tables=self._block_tables(seqs),
-                    max_seqlen_k=max(context_lens))
-        return self._tensor(input_ids, torch.int64), self._tensor(positions, torch.int64)
+        """One token per sequence: its last token at position num_tokens - 1. Everything travels to the GPU in
+        one copy: four vectors (tokens, positions, slots, context lengths) then the [B, max_blocks] block table."""
+        n, bs = len(seqs), self.block_size
+        table = self._block_table_array(seqs)
+        host = np.empty(4 * n + table.size, dtype=np.int64)
+        tokens, positions, slots, context_lens = host[: 4 * n].reshape(4, n)
+        tokens[:] = [seq.last_token for seq in seqs]
+        context_lens[:] = [seq.num_tokens for seq in seqs]  # the new token included
+        positions[:] = context_lens - 1
+        slots[:] = table[np.arange(n), positions // bs] * bs + positions % bs  # where the new K/V goes
+        host[4 * n:] = table.reshape(-1)
+        dev = self._tensor(host, torch.int64)
+        set_context(False, slot_mapping=dev[2 * n: 3 * n], context_lens=dev[3 * n: 4 * n].to(torch.int32),
+                    block_tables=dev[4 * n:].view(n, -1).to(torch.int32), max_seqlen_k=int(context_lens.max()))
+        return dev[:n], dev[n: 2 * n]
 
     def prepare_sample(self, seqs: list[Sequence]) -> dict:
         """Per-row sampling tensors; top-k/top-p and seeds only when some row needs them."""

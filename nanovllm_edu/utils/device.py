@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['DEVICE_CHOICES', 'resolve_device', 'triton_available', 'triton_interpreted', 'flash_attn_available',
-           'attention_paths']
+           'attention_paths', 'fused_on_cuda']
 
 # %% ../../notebooks/00_setup.ipynb #dc23c816
 import importlib.util
@@ -52,3 +52,23 @@ def attention_paths(device: torch.device) -> dict[str, bool]:
         "triton": on_cuda and triton_available(),  # our kernels, compiled for the GPU
         "flash_attn": on_cuda and flash_attn_available(),
     }
+
+# %% ../../notebooks/00_setup.ipynb #7c38efca
+import functools
+
+
+def fused_on_cuda(fn):
+    """Run `fn` through torch.compile (fusing its elementwise chain) when its first argument is a CUDA
+    tensor; eagerly otherwise. Compiled lazily, once, with dynamic shapes (batch sizes vary per step)."""
+    compiled = None
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        nonlocal compiled
+        if not args[0].is_cuda:
+            return fn(*args, **kwargs)
+        if compiled is None:
+            compiled = torch.compile(fn, dynamic=True)
+        return compiled(*args, **kwargs)
+
+    return wrapper
