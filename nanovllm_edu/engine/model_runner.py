@@ -40,7 +40,7 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         self.model = Qwen3ForCausalLM.from_pretrained(config.model, device=self.device)
         self.dtype = next(self.model.parameters()).dtype
-        self.backend = get_attention_backend(config.attention_backend, self.device)
+        self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size)
         self.sampler = Sampler()
         self.attn_layers = [layer.self_attn.attn for layer in self.model.model.layers]
         self.num_kvcache_blocks = self.allocate_kv_cache()

@@ -170,13 +170,16 @@ def _flash_attn_backend_found() -> bool:
     return flash_attn_available() and _module_found(FLASH_ATTN_BACKEND)
 
 
-def get_attention_backend(name: str = "auto", device: torch.device | str = "cpu") -> AttentionBackend:
-    """The attention backend called `name` ("auto", "torch", "triton" or "flash_attn") for `device`."""
+def get_attention_backend(name: str = "auto", device: torch.device | str = "cpu",
+                          block_size: int = 256) -> AttentionBackend:
+    """The attention backend called `name` ("auto", "torch", "triton" or "flash_attn") for `device` and a
+    KV cache of `block_size`-token blocks."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
     on_cuda = torch.device(device).type == "cuda"
     if name == "auto":
-        name = ("flash_attn" if on_cuda and _flash_attn_backend_found() else
+        flash_ok = on_cuda and _flash_attn_backend_found() and block_size % 256 == 0  # its paged-KV rule
+        name = ("flash_attn" if flash_ok else
                 "triton" if on_cuda and triton_available() and _module_found(TRITON_BACKEND) else "torch")
     if name == "torch":
         return TorchBackend()
@@ -186,7 +189,4 @@ def get_attention_backend(name: str = "auto", device: torch.device | str = "cpu"
     if not flash_attn_available():
         raise ImportError("attention_backend='flash_attn' needs the flash-attn package (pip install flash-attn, "
                           "CUDA only); use 'triton' or 'torch' instead")
-    if not _module_found(FLASH_ATTN_BACKEND):
-        raise ImportError(f"flash-attn is installed but this package has no flash-attn backend "
-                          f"({FLASH_ATTN_BACKEND}); use 'triton' or 'torch'")
-    return importlib.import_module(FLASH_ATTN_BACKEND).FlashAttnBackend()
+    return importlib.import_module(FLASH_ATTN_BACKEND).FlashAttnBackend(block_size)
