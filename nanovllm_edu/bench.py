@@ -80,14 +80,15 @@ class Workload:
 
 
 def make_workload(num_seqs: int = 256, max_input_len: int = 1024, max_output_len: int = 1024, seed: int = 0,
-                  temperature: float = 0.6) -> Workload:
-    """nano-vllm's benchmark requests: all prompts first, then all output lengths, from one seeded stream."""
-    if min(num_seqs, max_input_len, max_output_len) < 1:
-        raise ValueError("num_seqs, max_input_len and max_output_len must be positive, got "
-                         f"{num_seqs}, {max_input_len}, {max_output_len}")
+                  temperature: float = 0.6, min_input_len: int = MIN_LEN, min_output_len: int = MIN_LEN) -> Workload:
+    """nano-vllm's benchmark requests: all prompts first, then all output lengths, from one seeded stream.
+    Lengths are drawn from [min, max] (a min above the max is lowered to it)."""
+    if min(num_seqs, max_input_len, max_output_len, min_input_len, min_output_len) < 1:
+        raise ValueError("num_seqs and the input/output length bounds must be positive, got "
+                         f"{num_seqs}, {min_input_len}-{max_input_len}, {min_output_len}-{max_output_len}")
     rng = random.Random(seed)
-    in_range = (min(MIN_LEN, max_input_len), max_input_len)
-    out_range = (min(MIN_LEN, max_output_len), max_output_len)
+    in_range = (min(min_input_len, max_input_len), max_input_len)
+    out_range = (min(min_output_len, max_output_len), max_output_len)
     prompts = [[rng.randint(0, TOKEN_ID_HIGH) for _ in range(rng.randint(*in_range))] for _ in range(num_seqs)]
     max_tokens = [rng.randint(*out_range) for _ in range(num_seqs)]
     return Workload(prompts, max_tokens, temperature, seed, in_range, out_range)
@@ -105,7 +106,8 @@ def warmup_workload(workload: Workload, vocab_size: int) -> Workload:
     """A short workload shaped like `workload`: up to 32 prompts from the next seed (other tokens, so the prefix
     cache cannot serve the timed run from the warm-up), 16 tokens each."""
     small = make_workload(min(workload.num_seqs, WARMUP_SEQS), workload.input_len_range[1],
-                          min(WARMUP_TOKENS, workload.output_len_range[1]), workload.seed + 1, workload.temperature)
+                          min(WARMUP_TOKENS, workload.output_len_range[1]), workload.seed + 1, workload.temperature,
+                          workload.input_len_range[0], workload.output_len_range[0])
     return fit_to_vocab(small, vocab_size)
 
 
@@ -531,6 +533,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--num-seqs", type=int, default=256)
     ap.add_argument("--max-input-len", type=int, default=1024)
     ap.add_argument("--max-output-len", type=int, default=1024)
+    ap.add_argument("--min-input-len", type=int, default=MIN_LEN)
+    ap.add_argument("--min-output-len", type=int, default=MIN_LEN)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -585,7 +589,8 @@ def main(argv: list[str] | None = None) -> dict:
     from nanovllm_edu.assets import tiny_model_path
     from nanovllm_edu.utils.device import resolve_device
     args = parse_args(argv)
-    workload = make_workload(args.num_seqs, args.max_input_len, args.max_output_len, args.seed, args.temperature)
+    workload = make_workload(args.num_seqs, args.max_input_len, args.max_output_len, args.seed, args.temperature,
+                             args.min_input_len, args.min_output_len)
     random_name = args.random_weights
     if args.model is None and random_name is None and resolve_device(args.device).type == "cuda":
         random_name = "qwen3-0.6b"
