@@ -1,10 +1,11 @@
 """The engine end to end on CPU: parity with transformers, invariance across engine paths, bad input."""
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
+
+from helpers import make_random_qwen3_checkpoint
+from parity import engine_greedy, hf_greedy
 
 PROMPTS = ["Return the", "This module provides a class that", "Raise ValueError if the given",
            "Create a new", "If the file does not exist, the function returns None and logs a warning; otherwise"]
@@ -18,20 +19,9 @@ def llm():
 
 
 @pytest.fixture(scope="module")
-def reference_tokens():
+def reference_tokens(llm):
     """transformers' greedy continuations of PROMPTS (float32), cut after EOS as the engine does."""
-    tok = AutoTokenizer.from_pretrained(tiny_model_path(), local_files_only=True)
-    tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path(), local_files_only=True)
-    batch = tok(PROMPTS, return_tensors="pt", padding=True)
-    with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=GREEDY.max_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-    refs = []
-    for row in out[:, batch.input_ids.shape[1]:].tolist():
-        if tok.eos_token_id in row:
-            row = row[: row.index(tok.eos_token_id) + 1]
-        refs.append(row)
-    return refs
+    return hf_greedy(tiny_model_path(), [llm.tokenizer.encode(p) for p in PROMPTS], GREEDY.max_tokens)
 
 
 def test_greedy_matches_transformers(llm, reference_tokens):
@@ -40,6 +30,18 @@ def test_greedy_matches_transformers(llm, reference_tokens):
     for o in outs:
         assert o["finish_reason"] in ("stop", "length")
         assert o["text"] == llm.tokenizer.decode(o["token_ids"])
+
+
+@pytest.mark.parametrize("shape", [
+    dict(num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True),
+    dict(hidden_size=96, num_heads=6, num_kv_heads=2, head_dim=32, tie_word_embeddings=False, num_layers=3),
+])
+def test_greedy_matches_transformers_on_random_checkpoints(tmp_path, shape):
+    path = str(make_random_qwen3_checkpoint(tmp_path, **shape))
+    prompts = [[(7 * i + j) % 250 for j in range(n)] for i, n in enumerate([3, 17, 40, 9, 64])]
+    reference = hf_greedy(path, prompts, 20)
+    assert engine_greedy(path, prompts, 20, **SMALL) == reference
+    assert engine_greedy(path, prompts, 20, **(SMALL | dict(max_num_batched_tokens=16, num_kvcache_blocks=8))) == reference
 
 
 @pytest.mark.parametrize("name, args", [
