@@ -7,8 +7,6 @@ __all__ = ['hash_uniform', 'exponential_race', 'Sampler']
 import torch
 from torch import nn
 
-from ..utils.device import fused_on_cuda
-
 _M32 = 0xFFFFFFFF
 
 
@@ -22,7 +20,6 @@ def hash_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     return (x.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32)
 
 
-@fused_on_cuda  # on a GPU: a couple of fused kernels instead of eight passes over [B, vocab] floats
 def exponential_race(logits: torch.Tensor, temperatures: torch.Tensor,
                      noise: torch.Tensor | None = None) -> torch.Tensor:
     """Token per row: argmax for temperature-0 rows, else a draw from softmax(logits / T) as argmax(p / E),
