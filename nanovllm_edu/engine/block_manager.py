@@ -46,6 +46,15 @@ class BlockManager:
             raise ValueError(f"sequence {seq.seq_id} has block size {seq.block_size}, "
                              f"this block manager {self.block_size}")
 
+    def _check_allocatable(self, seq: Sequence) -> None:
+        """What `allocate` requires, for this manager and its subclasses: a fresh sequence that fits."""
+        self._check(seq)
+        if seq.block_table:
+            raise RuntimeError(f"sequence {seq.seq_id} already holds blocks {seq.block_table}")
+        if not self.can_allocate(seq):
+            raise RuntimeError(f"sequence {seq.seq_id} needs {seq.num_blocks} blocks (fewer with prefix hits) "
+                               f"but only {self.num_free_blocks} are free; check can_allocate first")
+
     def _take_block(self) -> Block:
         """Move the next free block to the used set, owned by one sequence."""
         if not self.free_block_ids:
@@ -70,11 +79,7 @@ class BlockManager:
 
     def allocate(self, seq: Sequence) -> None:
         """Give `seq` blocks for all its tokens; nothing of it is computed yet."""
-        self._check(seq)
-        if seq.block_table:
-            raise RuntimeError(f"sequence {seq.seq_id} already holds blocks {seq.block_table}")
-        if not self.can_allocate(seq):
-            raise RuntimeError(f"sequence {seq.seq_id} needs {seq.num_blocks} blocks, {self.num_free_blocks} are free")
+        self._check_allocatable(seq)
         seq.block_table = [self._take_block().block_id for _ in range(seq.num_blocks)]
         seq.num_computed_tokens = 0
 

@@ -23,7 +23,6 @@ def compute_block_hash(token_ids: list[int], prefix_hash: int = -1) -> int:
 class PrefixCachingBlockManager(BlockManager):
     """A block manager whose full blocks are found again by a chained hash of their content."""
 
-    compute_hash = staticmethod(compute_block_hash)  # nano-vllm's name for it
 
     def __init__(self, num_blocks: int, block_size: int = 256):
         super().__init__(num_blocks, block_size)
@@ -68,11 +67,7 @@ class PrefixCachingBlockManager(BlockManager):
 
     def allocate(self, seq: Sequence) -> None:
         """Give `seq` its blocks, sharing cached ones; sets num_computed_tokens (and num_cached_tokens)."""
-        self._check(seq)
-        if seq.block_table:
-            raise RuntimeError(f"sequence {seq.seq_id} already holds blocks {seq.block_table}")
-        if not self.can_allocate(seq):
-            raise RuntimeError(f"sequence {seq.seq_id} needs more blocks than the {self.num_free_blocks} free ones")
+        self._check_allocatable(seq)
         hits = self._match_prefix(seq)
         h = -1
         for i in range(seq.num_blocks):
