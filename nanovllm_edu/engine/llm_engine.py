@@ -96,7 +96,9 @@ class LLMEngine:
 
     # --- batch API ---------------------------------------------------------------------------
     def _result(self, seq: Sequence) -> dict:
-        text = self.tokenizer.decode(seq.completion_token_ids) if self.tokenizer is not None else ""
+        # the text leaves out special tokens such as EOS (token_ids keep them)
+        text = (self.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True)
+                if self.tokenizer is not None else "")
         return {"text": text, "token_ids": seq.completion_token_ids,
                 "finish_reason": seq.finish_reason, "num_cached_tokens": seq.num_cached_tokens}
 
