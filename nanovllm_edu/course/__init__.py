@@ -3,13 +3,15 @@
 # %% auto #0
 __all__ = []
 
-# %% ../../notebooks/12_watching_the_engine.ipynb #54de69e6
+# %% ../../notebooks/12_watching_the_engine.ipynb #a0bee9ff
 """nanovllm_edu.course: tools for watching the engine (exported from notebooks/12_watching_the_engine.ipynb).
 
 trace: EngineTrace (one record per step); plots: plot_trace; figures: the CPU figures' workloads;
 stepper: EngineStepper; blocks: block map and prefix lookup; views: ipywidgets views; streaming: stream().
 Only the light modules are imported here (plots need matplotlib, views need ipywidgets).
 """
-from .trace import EngineTrace, StepRecord, load_trace, save_trace
 from .stepper import EngineStepper
 from .streaming import StreamEvent, stream
+from .trace import EngineTrace, StepRecord, load_trace, save_trace
+
+__all__ = ["EngineStepper", "EngineTrace", "StepRecord", "StreamEvent", "load_trace", "save_trace", "stream"]

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['BlockInfo', 'block_map', 'format_block_map', 'PrefixBlock', 'prefix_lookup', 'format_prefix_lookup']
 
-# %% ../../notebooks/12_watching_the_engine.ipynb #58763934
+# %% ../../notebooks/12_watching_the_engine.ipynb #1ecfa715
 """Read-only views of the KV block pool and the prefix cache (exported from notebooks/12_watching_the_engine.ipynb)."""
 from collections.abc import Callable
 from dataclasses import dataclass

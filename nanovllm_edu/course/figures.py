@@ -3,14 +3,14 @@
 # %% auto #0
 __all__ = ['SMALL_CACHE_ARGS', 'small_cache_requests', 'trace_tiny_cpu']
 
-# %% ../../notebooks/12_watching_the_engine.ipynb #42d7083d
+# %% ../../notebooks/12_watching_the_engine.ipynb #3e4f7660
 """Workloads behind the CPU figures in figures/ (exported from notebooks/12_watching_the_engine.ipynb);
 `python scripts/make_figures.py` redraws them."""
 import random
 
+from ..assets import tiny_model_path
 from ..llm import LLM
 from ..sampling_params import SamplingParams
-from ..assets import tiny_model_path
 from .trace import EngineTrace, StepRecord
 
 SMALL_CACHE_ARGS = {"num_kvcache_blocks": 12, "kvcache_block_size": 16, "max_num_batched_tokens": 64,

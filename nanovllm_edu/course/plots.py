@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['PREFILL', 'DECODE', 'PREEMPT', 'plot_trace']
 
-# %% ../../notebooks/12_watching_the_engine.ipynb #1a65bbef
+# %% ../../notebooks/12_watching_the_engine.ipynb #a37e297c
 """Plots of engine traces (exported from notebooks/12_watching_the_engine.ipynb)."""
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['EngineStepper']
 
-# %% ../../notebooks/12_watching_the_engine.ipynb #1e975d83
+# %% ../../notebooks/12_watching_the_engine.ipynb #c93f22cc
 """Drive a batch through one engine a step at a time (exported from notebooks/12_watching_the_engine.ipynb)."""
 from collections.abc import Callable
 
@@ -22,7 +22,7 @@ class EngineStepper:
         for seq in self.seqs:
             llm.scheduler.add(seq)
         self.trace = EngineTrace(llm, start=False)  # installed only while our own steps run
-        self.listeners: list[Callable[["EngineStepper"], None]] = []  # e.g. a widget that redraws
+        self.listeners: list[Callable[[EngineStepper], None]] = []  # e.g. a widget that redraws
 
     def name(self, seq_id: int) -> str:
         return self.names.get(seq_id, f"s{seq_id}")  # s<id>: a request someone else queued

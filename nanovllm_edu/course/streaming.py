@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['StreamEvent', 'stream', 'stream_texts']
 
-# %% ../../notebooks/12_watching_the_engine.ipynb #080c9145
+# %% ../../notebooks/12_watching_the_engine.ipynb #a237e8d9
 """Stream tokens from the engine as they are produced (exported from notebooks/12_watching_the_engine.ipynb)."""
 from collections.abc import Iterator
 from dataclasses import dataclass

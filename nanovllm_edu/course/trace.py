@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['StepRecord', 'EngineTrace', 'summarize', 'relabel', 'trace_to_dict', 'save_trace', 'load_trace']
 
-# %% ../../notebooks/12_watching_the_engine.ipynb #f45bd43c
+# %% ../../notebooks/12_watching_the_engine.ipynb #dd4fc687
 """Opt-in engine trace: one record per engine step, installed by wrapping methods of one engine instance."""
 import json
 import time

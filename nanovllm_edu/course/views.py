@@ -4,7 +4,7 @@
 __all__ = ['PALETTE', 'STATUS_COLOURS', 'BOX', 'block_map_html', 'stepper_html', 'stepper_widget', 'block_map_widget',
            'prefix_lookup_html', 'prefix_explorer', 'stream_view']
 
-# %% ../../notebooks/12_watching_the_engine.ipynb #86712caa
+# %% ../../notebooks/12_watching_the_engine.ipynb #d9dac4d9
 """ipywidgets views of the engine (exported from notebooks/12_watching_the_engine.ipynb): a stepper, the
 block map, the prefix-cache explorer and a live stream. Each renders the plain data of the other modules."""
 import html

@@ -1,0 +1,84 @@
+"""Redraw every figure in figures/ that needs no GPU, each as PNG next to the JSON it was drawn from.
+
+    python scripts/make_figures.py                  # all of them
+    python scripts/make_figures.py trace_tiny_cpu   # only the named ones
+
+- trace_tiny_cpu: runs the small-cache workload of notebook 12 on the shipped tiny model (CPU, greedy,
+  deterministic) and writes figures/trace_tiny_cpu.json (the trace, without wall times) and .png.
+- cuda_graphs: redraws figures/cuda_graphs.png from the committed H200 measurements in
+  figures/cuda_graphs.json (re-measuring them needs a GPU: scripts/gpu_suite.sh).
+"""
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # small shapes: threads only add noise on a shared machine
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display needed
+import matplotlib.pyplot as plt
+
+FIGURES = Path(__file__).resolve().parents[1] / "figures"
+PNG_METADATA = {"Software": None}  # keep the PNG free of version strings that change between machines
+
+
+def trace_tiny_cpu() -> list[Path]:
+    """The engine trace of a deliberately small KV cache (preemptions included)."""
+    from nanovllm_edu.course.figures import trace_tiny_cpu as run
+    from nanovllm_edu.course.plots import plot_trace
+    from nanovllm_edu.course.trace import save_trace
+
+    records, settings = run()
+    json_path, png_path = FIGURES / "trace_tiny_cpu.json", FIGURES / "trace_tiny_cpu.png"
+    save_trace(records, json_path, **settings)
+    fig = plot_trace(records, "tiny model on CPU: 8 requests, 12 KV blocks of 16 tokens, 64-token budget")
+    fig.savefig(png_path, dpi=110, metadata=PNG_METADATA)
+    plt.close(fig)
+    return [json_path, png_path]
+
+
+def cuda_graphs() -> list[Path]:
+    """Decode step time, eager versus CUDA graph, from the committed GPU measurements."""
+    json_path, png_path = FIGURES / "cuda_graphs.json", FIGURES / "cuda_graphs.png"
+    if not json_path.exists():
+        print(f"skipped cuda_graphs: {json_path} is missing (measure it on a GPU with scripts/gpu_suite.sh)")
+        return []
+    data = json.loads(json_path.read_text())
+    sizes = data["batch_sizes"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(sizes, data["eager_step_ms"], "o-", label="eager")
+    ax.plot(sizes, data["graph_step_ms"], "o-", label="CUDA graph")
+    ax.set_xlabel("decode batch size")
+    ax.set_ylabel("ms per decode step")
+    ax.set_xscale("log", base=2)
+    ax.set_title(f"Qwen3-0.6B decode step, {data['device']}")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110, metadata=PNG_METADATA)
+    plt.close(fig)
+    return [png_path]
+
+
+MAKERS: dict[str, Callable[[], list[Path]]] = {"trace_tiny_cpu": trace_tiny_cpu, "cuda_graphs": cuda_graphs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"figures to redraw (default: all): {', '.join(MAKERS)}")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in MAKERS]
+    if unknown:
+        parser.error(f"unknown figure {unknown[0]!r}; known: {', '.join(MAKERS)}")
+    for name in args.names or MAKERS:
+        for path in MAKERS[name]():
+            print(f"wrote {path.relative_to(FIGURES.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
