@@ -273,13 +273,29 @@ def _wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
 
 @pytest.mark.parametrize("notebook", CASES)
 def test_notebook_runs_in_jupyterlab(notebook: str, tmp_path: Path):
+    check_notebook_in_lab(notebook, tmp_path)
+
+
+def test_harness_reports_a_failing_cell(tmp_path: Path):
+    """The check is not vacuous: a cell that raises (after one that writes to stderr) fails it, by name."""
+    broken = json.loads(json.dumps(SMOKE_NOTEBOOK))
+    broken["cells"][2:2] = [
+        _cell("code", "import sys\nprint('a warning', file=sys.stderr)"),
+        _cell("code", "raise ValueError('deliberate failure')"),
+    ]
+    with pytest.raises(AssertionError, match="ValueError: deliberate failure"):
+        check_notebook_in_lab("smoke", tmp_path, smoke=broken)
+
+
+def check_notebook_in_lab(notebook: str, tmp_path: Path, smoke: dict = SMOKE_NOTEBOOK) -> None:
+    """Open `notebook` (a name in notebooks/, or "smoke") in JupyterLab, Run All, check; raise on a problem."""
     from playwright.sync_api import sync_playwright
 
     if notebook == "smoke":
         root = tmp_path / "root"
         root.mkdir()
         nb_path = root / "widget_smoke.ipynb"
-        nb_path.write_text(json.dumps(SMOKE_NOTEBOOK, indent=1))
+        nb_path.write_text(json.dumps(smoke, indent=1))
         rel, widget_selector = "widget_smoke.ipynb", ".nve-smoke-button"
     else:
         root, nb_path = REPO, NOTEBOOKS / notebook
