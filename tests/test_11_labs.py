@@ -1,0 +1,263 @@
+"""Notebook 11: the lab checkers pass our implementations and name the right check for broken ones; the
+student edition stubs tagged solution cells and executes up to its first exercise."""
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from nanovllm_edu.engine.block_manager import BlockManager
+from nanovllm_edu.engine.prefix_cache import PrefixCachingBlockManager
+from nanovllm_edu.engine.scheduler import Scheduler
+from nanovllm_edu.kernels.store_kvcache import store_kvcache_torch
+from nanovllm_edu.labs import (CHECKERS, LabReport, check_block_manager, check_prefix_cache, check_sampler,
+                               check_scheduler, check_store_kvcache)
+from nanovllm_edu.labs.student import find_notebooks, make_student, make_student_notebook, stub_source
+from nanovllm_edu.layers.sampler import Sampler
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def failed_names(report: LabReport) -> set[str]:
+    return {c.name for c in report.failed}
+
+
+@pytest.mark.parametrize("checker,impl", [
+    (check_store_kvcache, store_kvcache_torch), (check_block_manager, BlockManager),
+    (check_prefix_cache, PrefixCachingBlockManager), (check_scheduler, Scheduler),
+    (check_sampler, Sampler), (check_sampler, Sampler()),
+])
+def test_our_implementations_pass(checker, impl):
+    report = checker(impl)
+    assert report.passed is True, str(report)
+    assert len(report.checks) >= 5
+    assert "✗" not in str(report) and str(report).count("✓") == len(report.checks)
+
+
+def test_checkers_leave_the_global_rng_alone():
+    torch.manual_seed(123)
+    want = torch.rand(3)
+    torch.manual_seed(123)
+    check_sampler(Sampler)
+    assert torch.equal(torch.rand(3), want)
+
+
+# --- deliberately broken implementations -------------------------------------------------------------
+
+class LeakyBlockManager(BlockManager):
+    """Forgets to return the last block of every sequence."""
+
+    def deallocate(self, seq):
+        seq.block_table = seq.block_table[:-1]
+        super().deallocate(seq)
+
+
+def test_leaky_block_manager_fails_deallocate():
+    report = check_block_manager(LeakyBlockManager)
+    assert report.passed is False
+    assert "deallocate returns every block" in failed_names(report)
+    assert "a new pool has every block free" not in failed_names(report)
+    text = str(report)
+    assert "✗ deallocate returns every block" in text and "hint: every block of seq.block_table" in text
+    assert "deallocate returns every block" in report._repr_html_()
+
+
+class GreedyAppendBlockManager(BlockManager):
+    """can_append ignores whether a block is free."""
+
+    def can_append(self, seq):
+        return True
+
+
+def test_block_manager_that_overpromises_appends():
+    assert "can_append says no when a needed block is missing" in failed_names(check_block_manager(GreedyAppendBlockManager))
+
+
+class BudgetBlindScheduler(Scheduler):
+    """Prefills every admitted prompt whole, ignoring max_num_batched_tokens."""
+
+    def _schedule_chunk(self, seq, budget):
+        seq.num_scheduled_tokens = seq.num_tokens - seq.num_computed_tokens
+        self.prefilling = None
+        return seq.num_scheduled_tokens
+
+
+def test_scheduler_ignoring_token_budget_fails_budget_check():
+    failed = failed_names(check_scheduler(BudgetBlindScheduler))
+    assert "prefill chunks stay within the token budget" in failed
+    assert "a long prompt is prefilled in chunks" in failed
+    assert "requests finish at max_tokens or EOS and free their blocks" not in failed
+
+
+class BackOfQueueScheduler(Scheduler):
+    """Preempted sequences queue at the back."""
+
+    def preempt(self, seq):
+        super().preempt(seq)
+        self.waiting.append(self.waiting.popleft())
+
+
+def test_scheduler_preempting_to_the_back_fails():
+    assert failed_names(check_scheduler(BackOfQueueScheduler)) == {"a preempted request goes back to the front of the queue"}
+
+
+class TopKBlindSampler(Sampler):
+    """Applies top-p but ignores top-k."""
+
+    @staticmethod
+    def apply_top_k_top_p(logits, top_ks, top_ps):
+        return Sampler.apply_top_k_top_p(logits, None, top_ps)
+
+
+def test_sampler_ignoring_top_k_fails_top_k():
+    failed = failed_names(check_sampler(TopKBlindSampler))
+    assert "top-k keeps only the k most likely tokens" in failed
+    assert "temperature 0 is greedy (argmax)" not in failed and "top-p keeps only the nucleus" not in failed
+
+
+def test_sampler_function_that_always_takes_argmax_fails_sampling():
+    failed = failed_names(check_sampler(lambda logits, temperatures, *rest: logits.argmax(-1)))
+    assert "temperature 0 is greedy (argmax)" not in failed
+    assert "draws follow softmax(logits / temperature)" in failed
+
+
+def store_without_skipping(key, value, k_cache, v_cache, slot_mapping):
+    """Writes slot -1 too: as an index, -1 is the cache's last slot."""
+    k_cache.view(-1, *k_cache.shape[-2:])[slot_mapping.long()] = key
+    v_cache.view(-1, *v_cache.shape[-2:])[slot_mapping.long()] = value
+
+
+def store_contiguous_copy(key, value, k_cache, v_cache, slot_mapping):
+    """Writes into a copy of the cache: nothing lands."""
+    store_kvcache_torch(key, value, k_cache.clone(), v_cache.clone(), slot_mapping)
+
+
+def test_store_writing_padding_slots_fails_skip_check():
+    failed = failed_names(check_store_kvcache(store_without_skipping))
+    assert "slot -1 is skipped" in failed
+    assert "each token lands in its slot" not in failed
+
+
+def test_store_into_a_copy_fails_lands_check():
+    assert "each token lands in its slot" in failed_names(check_store_kvcache(store_contiguous_copy))
+
+
+class UnverifiedPrefixCache(PrefixCachingBlockManager):
+    """Trusts the hash alone: a collision serves another prompt's KV."""
+
+    def _match_prefix(self, seq):
+        from nanovllm_edu.engine import prefix_cache
+        hits, h = [], -1
+        for i in range((seq.num_tokens - 1) // self.block_size):
+            h = prefix_cache.compute_block_hash(seq.block(i), h)
+            block_id = self.hash_to_block_id.get(h, -1)
+            if block_id == -1:
+                break
+            hits.append(block_id)
+        return hits
+
+
+class NoRevivePrefixCache(PrefixCachingBlockManager):
+    """Forgets every hash when a block is freed, so freed blocks never hit."""
+
+    def _release_block(self, block):
+        super()._release_block(block)
+        if block.ref_count == 0 and block.hash != -1:
+            self.hash_to_block_id.pop(block.hash, None)
+            block.hash, block.token_ids = -1, []
+
+
+def test_prefix_cache_without_token_verification_fails():
+    failed = failed_names(check_prefix_cache(UnverifiedPrefixCache))
+    assert "a hash hit is verified against the tokens" in failed
+    assert "a shared prefix hits the cache" not in failed
+
+
+def test_prefix_cache_that_drops_freed_blocks_fails_revive():
+    failed = failed_names(check_prefix_cache(NoRevivePrefixCache))
+    assert failed == {"a freed block still hits until it is reused"}
+
+
+def test_plain_block_manager_is_not_a_prefix_cache():
+    assert "a shared prefix hits the cache" in failed_names(check_prefix_cache(BlockManager))
+
+
+def test_a_stub_fails_every_check_without_raising():
+    class Stub:
+        def __init__(self, num_blocks, block_size=256):
+            raise NotImplementedError("Exercise: implement Stub.__init__")
+
+    report = check_block_manager(Stub)
+    assert not any(c.passed for c in report.checks)
+    assert all(c.detail.startswith("NotImplementedError: Exercise") for c in report.checks)
+
+
+# --- the student edition -----------------------------------------------------------------------------
+
+def test_stub_source_keeps_signatures_docstrings_and_imports():
+    src = ('import torch\n\nX = 3  # a constant\n\n\nclass A:\n    """Doc."""\n    y = 1\n\n'
+           '    @property\n    def n(self) -> int:\n        """How many."""\n        return self.y\n\n'
+           '    def f(self, k):\n        def inner():\n            return k\n        return inner()\n\n\n'
+           'def g(a: int) -> int:\n    return a + 1\n')
+    out = stub_source(src)
+    compile(out, "<stub>", "exec")
+    assert "import torch" in out and "X = 3  # a constant" in out and "y = 1" in out
+    assert '"""How many."""' in out and "@property" in out and "def g(a: int) -> int:" in out
+    assert "return" not in out and "inner" not in out
+    assert out.count("raise NotImplementedError") == 3
+    assert 'implement A.n (' in out and 'implement g (' in out
+
+
+def test_the_course_tags_a_solution_cell_per_checked_stage():
+    tags = {}
+    for path in sorted(find_notebooks().glob("[0-9]*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            for tag in cell.get("metadata", {}).get("tags", []):
+                if tag.startswith("check:"):
+                    tags[tag[len("check:"):].split("=")[0]] = path.name
+    assert {"store_kvcache", "block_manager", "prefix_cache", "scheduler"} <= set(tags), tags
+    assert set(tags) <= set(CHECKERS)
+
+
+def test_make_student_notebook_stubs_tagged_cells_and_adds_exercises():
+    nb = nbformat.read(ROOT / "notebooks" / "04_paged_blocks.ipynb", as_version=4)
+    student, n = make_student_notebook(nb)
+    assert n == 1
+    stubs = [c for c in student.cells if "stub" in c.metadata.get("tags", [])]
+    assert len(stubs) == 1 and "raise NotImplementedError" in stubs[0].source
+    assert "class BlockManager:" in stubs[0].source and "self.free_block_ids.popleft()" not in stubs[0].source
+    i = student.cells.index(stubs[0])
+    exercise = student.cells[i + 2]
+    assert exercise.metadata["tags"] == ["exercise"]
+    assert exercise.source.endswith("check_block_manager(BlockManager)")
+    assert all(not c.get("outputs") for c in student.cells if c.cell_type == "code")
+    nbformat.validate(student)
+    assert nb.cells[i].metadata["tags"] == ["solution", "check:block_manager"], "the original is untouched"
+
+
+def test_make_student_cli_and_missing_notebooks(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "nanovllm_edu.labs", "make-student", str(tmp_path / "out")],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "06_scheduler.ipynb: 1 exercise" in result.stdout
+    assert (tmp_path / "out" / "04_paged_blocks.ipynb").is_file()
+    bad = subprocess.run([sys.executable, "-m", "nanovllm_edu.labs", "make-student", str(tmp_path / "x"),
+                          "--notebooks", str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert bad.returncode == 1 and "no course notebooks" in bad.stderr and "--notebooks" in bad.stderr
+
+
+def test_student_notebook_executes_up_to_its_first_exercise(tmp_path):
+    from nbclient import NotebookClient
+
+    make_student(tmp_path)
+    nb = nbformat.read(tmp_path / "06_scheduler.ipynb", as_version=4)
+    first = next(i for i, c in enumerate(nb.cells) if "exercise" in c.metadata.get("tags", []))
+    client = NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    with client.setup_kernel():
+        for i, cell in enumerate(nb.cells[:first + 1]):
+            client.execute_cell(cell, i)  # raises CellExecutionError on any error before the exercise
+    text = "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in nb.cells[first].outputs)
+    assert "scheduler (06): 0/6 checks passed" in text
+    assert "NotImplementedError: Exercise: implement Scheduler.__init__" in text
