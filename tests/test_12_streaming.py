@@ -107,3 +107,15 @@ def test_unstarted_stream_queues_nothing(llm):
     del events
     gc.collect()
     assert_idle(llm)
+
+
+def test_stream_leaves_other_requests_alone(llm, reference):
+    """A request queued before the stream keeps running after the stream's own requests finish."""
+    other = llm.add_request("Create a new", SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    events = list(stream(llm, PROMPTS, GREEDY))
+    assert [[e.token_id for e in events if e.index == i] for i in range(len(PROMPTS))] == \
+        [r["token_ids"] for r in reference]
+    assert [s.seq_id for s in llm.scheduler.running] == [other]
+    while not llm.is_finished():
+        llm.step()
+    assert_idle(llm)

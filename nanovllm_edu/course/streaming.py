@@ -24,8 +24,9 @@ class StreamEvent:
 def stream(llm, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None) -> Iterator[StreamEvent]:
     """Generate like `llm.generate` but yield a `StreamEvent` per new token, in step order.
 
-    Every request is validated here, before anything is queued or run. The requests are queued when
-    iteration starts; stopping early aborts everything queued on the engine (`llm.abort_all()`)."""
+    Every request is validated here, before anything is queued or run; the requests are queued when
+    iteration starts. Stopping before they all finish (break, close, an error) calls `llm.abort_all()`,
+    which drops everything queued on the engine and frees every block."""
     seqs = llm._make_batch(prompts, sampling_params or SamplingParams())
     return _events(llm, seqs)
 
@@ -38,7 +39,7 @@ def _events(llm, seqs) -> Iterator[StreamEvent]:
     try:
         for seq in seqs:
             llm.scheduler.add(seq)
-        while not llm.is_finished():
+        while not all(seq.is_finished for seq in seqs):
             llm.step()
             for seq in seqs:
                 new = seq.completion_token_ids[sent_tokens[seq.seq_id]:]
@@ -48,19 +49,19 @@ def _events(llm, seqs) -> Iterator[StreamEvent]:
                     if last:
                         text = llm._result(seq)["text"]  # exactly generate's text
                     elif tokenizer is not None:
+                        # decode the whole completion (a token alone may be half a character); hold back
+                        # a trailing replacement character until the next token completes it
                         text = tokenizer.decode(seq.completion_token_ids[:sent_tokens[seq.seq_id]],
                                                 skip_special_tokens=True).rstrip("\ufffd")
                     else:
-                        text = ""
+                        text = ""  # a weights-only checkpoint: token ids only
                     prev = sent_text[seq.seq_id]
                     delta = text[len(prev):] if text.startswith(prev) else ""
                     sent_text[seq.seq_id] = prev + delta
                     yield StreamEvent(index[seq.seq_id], token_id, delta, last, seq.finish_reason if last else None)
-    except BaseException:  # GeneratorExit (consumer stopped), KeyboardInterrupt, an error in a step
-        llm.abort_all()
-        raise
     finally:
-        if not llm.is_finished():  # the generator was closed between two steps
+        # GeneratorExit (the consumer stopped), KeyboardInterrupt, an error in a step: free every block
+        if not all(seq.is_finished for seq in seqs):
             llm.abort_all()
 
 
