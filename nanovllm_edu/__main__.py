@@ -7,6 +7,7 @@ __all__ = ['DEMO_PROMPTS', 'main']
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from .assets import default_model_path
 from .llm import LLM
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{prompt!r} -> {out['text']!r}")
     tokens = sum(len(out["token_ids"]) for out in outputs)
     print(f"\n{len(outputs)} prompts, {tokens} tokens in {seconds:.2f} s: {tokens / seconds:.0f} tok/s "
-          f"on {llm.model_runner.device.type} ({llm.config.model})")
+          f"on {llm.model_runner.device.type} ({Path(llm.config.model).name})")
 
 
 if __name__ == "__main__" and "ipykernel" not in sys.modules:  # a notebook kernel runs as __main__ too

@@ -90,6 +90,18 @@ class LLMEngine:
     def is_finished(self) -> bool:
         return self.scheduler.is_finished()
 
+    def exit(self) -> None:
+        """Release the engine's worker processes (tensor parallelism); also runs at interpreter exit."""
+        self.model_runner.exit()
+
+    close = exit
+
+    def __enter__(self) -> "LLMEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.exit()
+
     def abort_all(self) -> None:
         """Drop every queued and running request and free its blocks (the engine stays usable)."""
         self.scheduler.abort_all()

@@ -10,10 +10,12 @@ import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from ..config import Config
 from .cuda_graph import CUDAGraphRunner
 from .sequence import Sequence
+from .tp_worker import WorkerGroup, check_tp_devices, rank_device
 from ..layers.attention_backends import get_attention_backend
 from ..layers.sampler import Sampler
 from ..models.qwen3 import Qwen3ForCausalLM
@@ -32,13 +34,32 @@ def _cpu_kv_budget() -> int:
 
 
 class ModelRunner:
-    """Owns the model, the paged KV cache and the sampler; runs one scheduled batch per call."""
+    """Owns the model, the paged KV cache and the sampler; runs one scheduled batch per call.
+    With tensor parallelism (notebook 09) there is one runner per rank, each with its shard of the model and
+    of the cache; rank 0's runner starts the other ranks and sends them every step."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, rank: int = 0):
         self.config = config
+        self.rank, self.tp_size = rank, config.tensor_parallel_size
         self.device = resolve_device(config.device)
+        self.workers = None
+        if self.tp_size > 1:
+            if rank == 0:
+                check_tp_devices(self.tp_size, self.device)  # before any process starts
+                self.workers = WorkerGroup(config, self.device)  # ranks 1..N-1, joined in one process group
+            self.device = rank_device(self.device, rank)
+        try:
+            self._build()
+        except BaseException:
+            if self.workers is not None:  # no worker outlives a runner that failed to start
+                self.workers.shutdown(graceful=False)
+            raise
+
+    def _build(self) -> None:
+        config = self.config
         self.block_size = config.kvcache_block_size
-        self.model = Qwen3ForCausalLM.from_pretrained(config.model, device=self.device)
+        self.model = Qwen3ForCausalLM.from_pretrained(config.model, device=self.device, tp_rank=self.rank,
+                                                      tp_size=self.tp_size)
         self.dtype = next(self.model.parameters()).dtype
         self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size)
         self.sampler = Sampler()
@@ -51,13 +72,23 @@ class ModelRunner:
                 self.model, config.max_num_seqs, math.ceil(config.max_model_len / self.block_size),
                 config.hf_config.hidden_size, self.dtype, self.device)
 
+    def exit(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do with one rank); safe to call twice."""
+        if self.workers is not None:
+            self.workers.shutdown()
+
     # --- memory -------------------------------------------------------------------------------
     def block_bytes(self) -> int:
-        """Bytes of K and V for one block across all layers."""
+        """Bytes of K and V for one block across all layers (this rank's KV heads)."""
         cfg = self.config.hf_config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return (2 * cfg.num_hidden_layers * self.block_size * cfg.num_key_value_heads * head_dim
+        return (2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * head_dim
                 * self.dtype.itemsize)
+
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads this rank stores: each rank caches the keys and values of its own heads only."""
+        return self.config.hf_config.num_key_value_heads // self.tp_size
 
     def max_useful_blocks(self) -> int:
         """Blocks that max_num_seqs sequences of max_model_len tokens could ever hold at once."""
@@ -82,12 +113,16 @@ class ModelRunner:
         else:
             budget = self.gpu_kv_budget() if self.device.type == "cuda" else _cpu_kv_budget()
             num_blocks = min(budget // self.block_bytes(), self.max_useful_blocks())
+            if self.tp_size > 1:  # block ids mean the same slots on every rank: all take the smallest cache
+                agreed = torch.tensor([num_blocks], device=self.device)
+                dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+                num_blocks = int(agreed.item())
             if num_blocks < 1:
                 raise ValueError("no memory is left for the KV cache; raise gpu_memory_utilization, lower "
                                  "max_num_batched_tokens, or set num_kvcache_blocks")
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.kv_cache = torch.zeros(2, cfg.num_hidden_layers, num_blocks, self.block_size,
-                                    cfg.num_key_value_heads, head_dim, dtype=self.dtype, device=self.device)
+                                    self.num_kv_heads, head_dim, dtype=self.dtype, device=self.device)
         for i, attn in enumerate(self.attn_layers):
             attn.k_cache, attn.v_cache, attn.backend = self.kv_cache[0, i], self.kv_cache[1, i], self.backend
         return num_blocks
@@ -199,9 +234,16 @@ class ModelRunner:
             hidden = hidden[logits_index]
         return self.model.compute_logits(hidden)
 
-    @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[Sequence], list[int]]:
-        """One engine step: returns the sequences that got a token and their token ids."""
+        """One engine step: returns the sequences that got a token and their token ids. Under tensor
+        parallelism rank 0 first sends the step to the other ranks, and all run the model together."""
+        if self.workers is None:
+            return self.run_local(seqs, is_prefill)
+        return self.workers.run_step(self.run_local, seqs, is_prefill)
+
+    @torch.inference_mode()
+    def run_local(self, seqs: list[Sequence], is_prefill: bool) -> tuple[list[Sequence], list[int]]:
+        """This rank's part of a step; only rank 0 gets logits and samples (other ranks return nothing)."""
         try:
             if is_prefill:
                 input_ids, positions, logits_index, rows = self.prepare_prefill(seqs)
@@ -213,6 +255,8 @@ class ModelRunner:
                 self.run_model(input_ids, positions, [])
                 return [], []
             logits = self.run_model(input_ids, positions, logits_index)
+            if logits is None:  # a rank other than 0: the logits were gathered on rank 0
+                return [], []
             token_ids = self.sampler(logits, **self.prepare_sample(sampled)).tolist()
         finally:
             reset_context()

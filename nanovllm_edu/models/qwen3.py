@@ -166,8 +166,10 @@ class Qwen3ForCausalLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu",
-                        dtype: torch.dtype | str | None = None) -> "Qwen3ForCausalLM":
-        "Load a Qwen3 checkpoint folder (config.json + *.safetensors), eval mode, its own dtype by default."
+                        dtype: torch.dtype | str | None = None, tp_rank: int = 0,
+                        tp_size: int = 1) -> "Qwen3ForCausalLM":
+        """Load a Qwen3 checkpoint folder (config.json + *.safetensors), eval mode, its own dtype by default.
+        With tp_size > 1 every rank reads the full checkpoint and keeps its own shard (notebook 09)."""
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"no model folder at {path}")
@@ -180,6 +182,6 @@ class Qwen3ForCausalLM(nn.Module):
         dtype = dtype or checkpoint_dtype(hf_config)
         # build directly on the device, in the dtype: no float32 copy of the weights first
         with torch.device(device), default_dtype(dtype):
-            model = cls(hf_config)
+            model = cls(hf_config, tp_rank, tp_size)
         load_model(model, path)
         return model.eval()

@@ -1,0 +1,126 @@
+"""Tensor parallelism on CPU: every way an engine ends leaves no process behind and never hangs: exit(),
+a second engine after it, an exception on rank 0 mid-step, a worker killed mid-generate, Ctrl-C in a terminal,
+a killed driver. (One TP engine per process at a time, so each test builds its own.)"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from nanovllm_edu import LLM, SamplingParams
+from nanovllm_edu.assets import tiny_model_path
+from nanovllm_edu.engine.tp_worker import WorkerDiedError
+
+PROMPTS = ["Return the", "This module provides a class that", "Create a new"]
+GREEDY = SamplingParams(temperature=0, max_tokens=16)
+SETTINGS = dict(max_num_seqs=16, num_kvcache_blocks=64, kvcache_block_size=16)
+
+
+def alive(pid: int) -> bool:
+    "True while `pid` runs (a zombie waiting to be reaped counts as gone)."
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids: list[int], seconds: float = 15.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(map(alive, pids)):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_exit_then_a_new_engine_and_a_driver_exception():
+    # automatic cache size: the ranks agree on one block count (all-reduce MIN)
+    llm = LLM(tiny_model_path(), tensor_parallel_size=2, max_num_seqs=4, max_model_len=256,
+              kvcache_block_size=16)
+    assert llm.model_runner.num_kvcache_blocks == 4 * 256 // 16
+    pids = llm.model_runner.workers.pids
+    llm.exit()
+    llm.close()  # twice is fine
+    assert wait_gone(pids, 5)
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+
+    # the process group was destroyed, so another TP engine can start; an exception on rank 0 in the
+    # middle of a step (the worker is already inside its forward pass) must not hang, nor leave the worker
+    llm = LLM(tiny_model_path(), tensor_parallel_size=2, **SETTINGS)
+    pids = llm.model_runner.workers.pids
+
+    def broken(seqs, is_prefill):
+        raise ValueError("driver bug")
+
+    llm.model_runner.run_local = broken
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="driver bug"):
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert time.monotonic() - start < 10
+    assert wait_gone(pids, 5)
+    assert llm.scheduler.is_finished()  # generate() aborted the requests
+
+
+def test_worker_death_mid_generate_raises_within_seconds():
+    llm = LLM(tiny_model_path(), tensor_parallel_size=2, **(SETTINGS | dict(num_kvcache_blocks=600)))
+    pid = llm.model_runner.workers.pids[0]
+    killed_at = []
+
+    def kill_soon():
+        time.sleep(0.5)
+        killed_at.append(time.monotonic())
+        os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_soon, daemon=True).start()
+    many = [[(7 * i + j) % 4000 for j in range(40)] for i in range(8)]  # seconds of decoding: killed mid-way
+    with pytest.raises(WorkerDiedError, match="rank 1 .*exit code -9"):
+        llm.generate(many, SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True), use_tqdm=False)
+    assert time.monotonic() - killed_at[0] < 5
+    assert llm.model_runner.workers.procs == []
+
+
+DRIVER = textwrap.dedent("""
+    import sys
+    from nanovllm_edu import LLM, SamplingParams
+    from nanovllm_edu.assets import tiny_model_path
+    if __name__ == "__main__":
+        llm = LLM(tiny_model_path(), tensor_parallel_size=2, num_kvcache_blocks=64, kvcache_block_size=16)
+        print("pids", *llm.model_runner.workers.pids, flush=True)
+        params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+        while True:
+            llm.generate([[1, 2, 3]] * 8, params, use_tqdm=False)
+""")
+
+
+def start_driver(tmp_path) -> tuple[subprocess.Popen, list[int]]:
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)  # own process group, like a terminal job
+    line = proc.stdout.readline()
+    assert line.startswith("pids"), proc.stderr.read()
+    pids = [int(p) for p in line.split()[1:]]
+    time.sleep(0.5)  # let it get into a generate
+    return proc, pids
+
+
+def test_ctrl_c_in_a_terminal_stops_driver_and_workers(tmp_path):
+    proc, pids = start_driver(tmp_path)
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal sends Ctrl-C to the whole process group
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert wait_gone(pids, 10)
+
+
+def test_killed_driver_leaves_no_worker(tmp_path):
+    proc, pids = start_driver(tmp_path)
+    proc.kill()  # SIGKILL: no cleanup code runs in the driver
+    proc.communicate(timeout=30)
+    assert wait_gone(pids, 15), "a worker outlived its driver"
