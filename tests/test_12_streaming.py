@@ -119,3 +119,10 @@ def test_stream_leaves_other_requests_alone(llm, reference):
     while not llm.is_finished():
         llm.step()
     assert_idle(llm)
+
+
+def test_bare_token_id_prompt(llm):
+    ids = llm.tokenizer.encode("Return the")
+    ref = llm.generate(ids, GREEDY, use_tqdm=False)
+    assert stream_texts(llm, ids, GREEDY) == [ref[0]["text"]]
+    assert [e.token_id for e in stream(llm, ids, GREEDY)] == ref[0]["token_ids"]

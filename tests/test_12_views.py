@@ -121,3 +121,10 @@ def test_widgets_render_and_drive_the_stepper(cached):
     assert "nve-block-map" in block_map_widget(cached)._dom_classes
     assert block_map_html(cached).count("<div style=") == 48 + 1
     assert format_block_map(block_map(cached), skip_free=True).count("\n") < 48
+
+
+def test_stream_view_returns_generate_texts(cached):
+    from nanovllm_edu.course.views import stream_view
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    ids = cached.tokenizer.encode("Return the")
+    assert stream_view(cached, ids, greedy) == [cached.generate(ids, greedy, use_tqdm=False)[0]["text"]]

@@ -15,7 +15,7 @@ from IPython.display import display
 
 from .blocks import block_map, prefix_lookup
 from .stepper import EngineStepper
-from .streaming import stream
+from .streaming import as_prompt_list, stream
 
 PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac"]
@@ -103,7 +103,7 @@ def prefix_explorer(llm, prompt: str = "") -> widgets.VBox:
 
 def stream_view(llm, prompts, sampling_params=None) -> list[str]:
     """Display one line per request and fill it in as `stream` yields; returns the texts. CSS class `nve-stream`."""
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    prompts = as_prompt_list(prompts)
     lines = [widgets.HTML() for _ in prompts]
     box = widgets.VBox(lines)
     box.add_class("nve-stream")
