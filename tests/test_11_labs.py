@@ -12,8 +12,15 @@ from nanovllm_edu.engine.block_manager import BlockManager
 from nanovllm_edu.engine.prefix_cache import PrefixCachingBlockManager
 from nanovllm_edu.engine.scheduler import Scheduler
 from nanovllm_edu.kernels.store_kvcache import store_kvcache_torch
-from nanovllm_edu.labs import (CHECKERS, LabReport, check_block_manager, check_prefix_cache, check_sampler,
-                               check_scheduler, check_store_kvcache)
+from nanovllm_edu.labs import (
+    CHECKERS,
+    LabReport,
+    check_block_manager,
+    check_prefix_cache,
+    check_sampler,
+    check_scheduler,
+    check_store_kvcache,
+)
 from nanovllm_edu.labs.student import find_notebooks, make_student, make_student_notebook, stub_source
 from nanovllm_edu.layers.sampler import Sampler
 
@@ -210,6 +217,12 @@ def test_stub_source_keeps_signatures_docstrings_and_imports():
     assert 'implement A.n (' in out and 'implement g (' in out
 
 
+def test_stub_source_keeps_named_definitions():
+    src = "class A:\n    def f(self):\n        return 1\n\n    def g(self):\n        return 2\n\n\ndef h():\n    return 3\n"
+    out = stub_source(src, keep=frozenset({"A.g", "h"}))
+    assert "return 1" not in out and "return 2" in out and "return 3" in out
+
+
 def test_the_course_tags_a_solution_cell_per_checked_stage():
     tags = {}
     for path in sorted(find_notebooks().glob("[0-9]*.ipynb")):
@@ -228,24 +241,30 @@ def test_make_student_notebook_stubs_tagged_cells_and_adds_exercises():
     stubs = [c for c in student.cells if "stub" in c.metadata.get("tags", [])]
     assert len(stubs) == 1 and "raise NotImplementedError" in stubs[0].source
     assert "class BlockManager:" in stubs[0].source and "self.free_block_ids.popleft()" not in stubs[0].source
+    assert "self.ref_count = 0" in stubs[0].source, "the keep:Block tag leaves Block whole"
     i = student.cells.index(stubs[0])
     exercise = student.cells[i + 2]
     assert exercise.metadata["tags"] == ["exercise"]
     assert exercise.source.endswith("check_block_manager(BlockManager)")
     assert all(not c.get("outputs") for c in student.cells if c.cell_type == "code")
     nbformat.validate(student)
-    assert nb.cells[i].metadata["tags"] == ["solution", "check:block_manager"], "the original is untouched"
+    assert nb.cells[i].metadata["tags"] == ["solution", "check:block_manager", "keep:Block"], "original untouched"
 
 
-def test_make_student_cli_and_missing_notebooks(tmp_path):
+def test_make_student_cli_and_missing_notebooks(tmp_path, capsys):
+    from nanovllm_edu.labs.__main__ import main
+
     result = subprocess.run([sys.executable, "-m", "nanovllm_edu.labs", "make-student", str(tmp_path / "out")],
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "06_scheduler.ipynb: 1 exercise" in result.stdout
-    assert (tmp_path / "out" / "04_paged_blocks.ipynb").is_file()
-    bad = subprocess.run([sys.executable, "-m", "nanovllm_edu.labs", "make-student", str(tmp_path / "x"),
-                          "--notebooks", str(tmp_path / "nowhere")], capture_output=True, text=True)
-    assert bad.returncode == 1 and "no course notebooks" in bad.stderr and "--notebooks" in bad.stderr
+    for path in sorted((tmp_path / "out").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if "stub" in cell.metadata.get("tags", []):
+                compile(cell.source.replace("#|", "# |"), path.name, "exec")  # stubs are valid Python
+    assert main(["make-student", str(tmp_path / "x"), "--notebooks", str(tmp_path / "nowhere")]) == 1
+    err = capsys.readouterr().err
+    assert "no course notebooks" in err and "--notebooks" in err
 
 
 def test_student_notebook_executes_up_to_its_first_exercise(tmp_path):

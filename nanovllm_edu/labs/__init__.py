@@ -6,9 +6,11 @@ __all__ = ['CHECKERS', 'Check', 'LabReport', 'run_checks', 'check_store_kvcache'
 
 # %% ../../notebooks/11_labs.ipynb #f329ad05
 """Lab checkers for each stage of the engine, and the student edition of the course (`make-student`)."""
-from .kv_checks import check_block_manager, check_prefix_cache, check_store_kvcache
+from .block_checks import check_block_manager, check_prefix_cache
 from .report import Check, LabReport, run_checks
-from .step_checks import check_sampler, check_scheduler
+from .sampler_checks import check_sampler
+from .scheduler_checks import check_scheduler
+from .store_checks import check_store_kvcache
 
 _all_ = ["Check", "LabReport", "run_checks", "check_store_kvcache", "check_block_manager", "check_prefix_cache",
          "check_scheduler", "check_sampler"]  # nbdev adds these to __all__ (imports are not in it by default)

@@ -17,16 +17,19 @@ from . import CHECKERS
 SOLUTION_TAG, EXERCISE_TAG = "solution", "exercise"
 
 
-def stub_source(source: str) -> str:
-    """`source` with every function and method body replaced by `raise NotImplementedError` (docstrings kept)."""
+def stub_source(source: str, keep: frozenset[str] = frozenset()) -> str:
+    """`source` with every function and method body replaced by `raise NotImplementedError` (docstrings kept);
+    definitions named in `keep` (e.g. "Block" or "BlockManager.num_blocks") stay whole."""
     tree = ast.parse(source)
     lines = source.splitlines()
     edits = []  # (first line, last line, replacement) with 1-based inclusive line numbers
 
     def visit(body: list[ast.stmt], owner: str) -> None:
         for node in body:
+            name = f"{owner}.{getattr(node, 'name', '')}" if owner else getattr(node, "name", "")
+            if name in keep:
+                continue
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                name = f"{owner}.{node.name}" if owner else node.name
                 first = node.body[0]
                 has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
                     and isinstance(first.value.value, str)
@@ -37,7 +40,7 @@ def stub_source(source: str) -> str:
                 stub = f'{indent}raise NotImplementedError("Exercise: implement {name} (see the markdown above)")'
                 edits.append((start, node.end_lineno, stub))
             elif isinstance(node, ast.ClassDef):
-                visit(node.body, node.name)
+                visit(node.body, name)
             elif isinstance(node, (ast.If, ast.Try, ast.With)):  # e.g. `if HAS_TRITON:` around a kernel
                 visit(node.body, owner)
                 visit(getattr(node, "orelse", []), owner)
@@ -91,8 +94,10 @@ def make_student_notebook(nb: nbformat.NotebookNode) -> tuple[nbformat.NotebookN
             cells.append(cell)
             continue
         solution = cell.source
-        cell.source = stub_source(solution)
-        cell.metadata["tags"] = [t for t in tags if t != SOLUTION_TAG and not t.startswith("check:")] + ["stub"]
+        keep = frozenset(t[len("keep:"):] for t in tags if t.startswith("keep:"))
+        cell.source = stub_source(solution, keep)
+        cell.metadata["tags"] = [t for t in tags if t != SOLUTION_TAG and not t.startswith(("check:", "keep:"))]
+        cell.metadata["tags"].append("stub")
         cells.append(cell)
         for name, target in solution_checks({"metadata": {"tags": tags}}):
             n += 1
