@@ -9,7 +9,8 @@ from nanovllm_edu import LLM
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.bench import StepTimer
 from nanovllm_edu.course.figures import SMALL_CACHE_ARGS, small_cache_requests, trace_tiny_cpu
-from nanovllm_edu.course.trace import EngineTrace, load_trace, relabel, save_trace, summarize, trace_to_dict
+from nanovllm_edu.course.trace import (EngineTrace, load_trace, relabel, save_trace, step_times, summarize,
+                                      trace_to_dict)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,6 +53,9 @@ def test_records_describe_the_steps(small):
         if r.kind == "decode":
             assert r.chunks == [1] * r.batch_size
         assert r.seconds >= 0
+    times = step_times(records)
+    assert times["prefill"]["steps"] + times["decode"]["steps"] == len(records)
+    assert times["decode"]["seconds"] > 0 and times["decode"]["ms_per_token"] > 0
     finished = [i for r in records for i in r.finished]
     assert sorted(finished) == sorted(set(finished)) and len(finished) == len(outs)
     # every generated token came out of a step that completed a prefill or decoded
