@@ -44,10 +44,10 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.workers = None
         if self.tp_size > 1:
+            check_tp_devices(self.tp_size, self.device)  # before any process starts
+            self.device = rank_device(self.device, rank)  # cuda:rank, made current before NCCL starts
             if rank == 0:
-                check_tp_devices(self.tp_size, self.device)  # before any process starts
                 self.workers = WorkerGroup(config, self.device)  # ranks 1..N-1, joined in one process group
-            self.device = rank_device(self.device, rank)
         try:
             self._build()
         except BaseException:
