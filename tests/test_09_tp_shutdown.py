@@ -98,29 +98,36 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def start_driver(tmp_path) -> tuple[subprocess.Popen, list[int]]:
+def launch_driver(tmp_path) -> subprocess.Popen:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, start_new_session=True)  # own process group, like a terminal job
+
+
+def worker_pids(proc: subprocess.Popen) -> list[int]:
+    "Wait for the driver to report its workers (it then generates in a loop)."
     line = proc.stdout.readline()
     assert line.startswith("pids"), proc.stderr.read()
-    pids = [int(p) for p in line.split()[1:]]
     time.sleep(0.5)  # let it get into a generate
-    return proc, pids
+    return [int(p) for p in line.split()[1:]]
 
 
 def test_ctrl_c_in_a_terminal_stops_driver_and_workers(tmp_path):
-    proc, pids = start_driver(tmp_path)
+    proc = launch_driver(tmp_path)
+    pids = worker_pids(proc)
     os.killpg(proc.pid, signal.SIGINT)  # a terminal sends Ctrl-C to the whole process group
     _, err = proc.communicate(timeout=30)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     assert wait_gone(pids, 10)
 
 
-def test_killed_driver_leaves_no_worker(tmp_path):
-    proc, pids = start_driver(tmp_path)
-    proc.kill()  # SIGKILL: no cleanup code runs in the driver
-    proc.communicate(timeout=30)
-    assert wait_gone(pids, 15), "a worker outlived its driver"
+def test_two_engines_side_by_side_then_killed_drivers_leave_no_worker(tmp_path):
+    drivers = [launch_driver(tmp_path) for _ in range(2)]  # started together: each finds its own port
+    pids = [worker_pids(proc) for proc in drivers]
+    for proc in drivers:
+        assert proc.poll() is None, proc.stderr.read()  # both generating
+        proc.kill()  # SIGKILL: no cleanup code runs in the driver
+        proc.communicate(timeout=30)
+    assert wait_gone(pids[0] + pids[1], 15), "a worker outlived its driver"
