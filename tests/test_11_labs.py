@@ -267,16 +267,29 @@ def test_make_student_cli_and_missing_notebooks(tmp_path, capsys):
     assert "no course notebooks" in err and "--notebooks" in err
 
 
-def test_student_notebook_executes_up_to_its_first_exercise(tmp_path):
+@pytest.fixture(scope="module")
+def student_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("student")
+    make_student(out)
+    return out
+
+
+@pytest.mark.parametrize("name,stage,stub", [
+    ("03_kv_store_kernel", "store kernel (03): 0/6", "store_kvcache_torch"),
+    ("04_paged_blocks", "block manager (04): 0/8", "BlockManager.__init__"),
+    ("05_prefix_hashing", "prefix cache (05): 0/8", "PrefixCachingBlockManager.__init__"),
+    ("06_scheduler", "scheduler (06): 0/6", "Scheduler.__init__"),
+], ids=["03", "04", "05", "06"])
+def test_student_notebook_executes_up_to_its_first_exercise(student_dir, name, stage, stub):
     from nbclient import NotebookClient
 
-    make_student(tmp_path)
-    nb = nbformat.read(tmp_path / "06_scheduler.ipynb", as_version=4)
+    tmp_path = student_dir
+    nb = nbformat.read(tmp_path / f"{name}.ipynb", as_version=4)
     first = next(i for i, c in enumerate(nb.cells) if "exercise" in c.metadata.get("tags", []))
     client = NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     with client.setup_kernel():
         for i, cell in enumerate(nb.cells[:first + 1]):
             client.execute_cell(cell, i)  # raises CellExecutionError on any error before the exercise
     text = "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in nb.cells[first].outputs)
-    assert "scheduler (06): 0/6 checks passed" in text
-    assert "NotImplementedError: Exercise: implement Scheduler.__init__" in text
+    assert f"{stage} checks passed" in text, text
+    assert f"NotImplementedError: Exercise: implement {stub} (" in text
