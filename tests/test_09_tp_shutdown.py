@@ -93,16 +93,19 @@ DRIVER = textwrap.dedent("""
         llm = LLM(tiny_model_path(), tensor_parallel_size=2, num_kvcache_blocks=64, kvcache_block_size=16)
         print("pids", *llm.model_runner.workers.pids, flush=True)
         params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+        if sys.argv[1:] == ["raise"]:  # a bug in the user's script: Python exits through atexit
+            llm.generate([[1, 2, 3]], params, use_tqdm=False)
+            raise SystemError("user bug")
         while True:
             llm.generate([[1, 2, 3]] * 8, params, use_tqdm=False)
 """)
 
 
-def launch_driver(tmp_path) -> subprocess.Popen:
+def launch_driver(tmp_path, *args: str) -> subprocess.Popen:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, start_new_session=True)  # own process group, like a terminal job
 
 
@@ -131,3 +134,11 @@ def test_two_engines_side_by_side_then_killed_drivers_leave_no_worker(tmp_path):
         proc.kill()  # SIGKILL: no cleanup code runs in the driver
         proc.communicate(timeout=30)
     assert wait_gone(pids[0] + pids[1], 15), "a worker outlived its driver"
+
+
+def test_uncaught_exception_in_the_driver_script_exits_cleanly(tmp_path):
+    proc = launch_driver(tmp_path, "raise")
+    pids = worker_pids(proc)
+    _, err = proc.communicate(timeout=60)  # no hang at interpreter exit: weakref.finalize stops the workers
+    assert proc.returncode == 1 and "SystemError: user bug" in err
+    assert wait_gone(pids, 5)
