@@ -14,7 +14,8 @@ PROMPTS = ["Return the", "This module provides a class that", "Raise ValueError 
            "Create a new", "If the file does not exist, the function returns None and logs a warning; otherwise"]
 GREEDY = SamplingParams(temperature=0, max_tokens=32)
 # a 6-block cache forces preemptions, a 16-token budget chunks the prefills; prefix caching is on
-SETTINGS = dict(max_num_seqs=16, num_kvcache_blocks=6, kvcache_block_size=16, max_num_batched_tokens=16)
+SETTINGS = dict(max_num_seqs=16, num_kvcache_blocks=6, kvcache_block_size=16, max_num_batched_tokens=16,
+                device="cpu")  # gloo ranks on the CPU, also on a GPU machine
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,22 @@ def test_sampled_requests_run_under_tp(tp_llm):
 
 def test_invalid_sizes_fail_before_spawning():
     with pytest.raises(ValueError, match="must divide the attention heads"):
-        LLM(tiny_model_path(), tensor_parallel_size=3)
+        LLM(tiny_model_path(), tensor_parallel_size=3, device="cpu")
     with pytest.raises(ValueError, match="needs 4 GPUs but 2 are visible"):
         check_tp_devices(4, torch.device("cuda"), num_gpus=2)
     check_tp_devices(8, torch.device("cpu"), num_gpus=0)  # CPU ranks need no GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_tp2_on_two_gpus_matches_transformers(tp_llm):
+    """NCCL + CUDA graphs on each rank (float32 tiny model): the same greedy tokens as transformers."""
+    prompt_ids = [tp_llm.tokenizer.encode(p) for p in PROMPTS]
+    tp_llm.exit()  # one TP engine per process: the CPU one (the last test to use it) goes first
+    reference = hf_greedy(tiny_model_path(), prompt_ids, GREEDY.max_tokens)
+    for eager in (True, False):
+        with LLM(tiny_model_path(), tensor_parallel_size=2, device="cuda", enforce_eager=eager,
+                 max_num_seqs=16, kvcache_block_size=256) as llm:
+            outs = llm.generate(prompt_ids, GREEDY, use_tqdm=False)
+            assert [o["token_ids"] for o in outs] == reference, f"enforce_eager={eager}"
+            assert llm.model_runner.num_kv_heads == 1 and llm.model_runner.device.index == 0

@@ -17,7 +17,7 @@ from nanovllm_edu.engine.tp_worker import WorkerDiedError
 
 PROMPTS = ["Return the", "This module provides a class that", "Create a new"]
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
-SETTINGS = dict(max_num_seqs=16, num_kvcache_blocks=64, kvcache_block_size=16)
+SETTINGS = dict(max_num_seqs=16, num_kvcache_blocks=64, kvcache_block_size=16, device="cpu")
 
 
 def alive(pid: int) -> bool:
@@ -41,7 +41,7 @@ def wait_gone(pids: list[int], seconds: float = 15.0) -> bool:
 def test_exit_then_a_new_engine_and_a_driver_exception():
     # automatic cache size: the ranks agree on one block count (all-reduce MIN)
     llm = LLM(tiny_model_path(), tensor_parallel_size=2, max_num_seqs=4, max_model_len=256,
-              kvcache_block_size=16)
+              kvcache_block_size=16, device="cpu")
     assert llm.model_runner.num_kvcache_blocks == 4 * 256 // 16
     pids = llm.model_runner.workers.pids
     llm.exit()
@@ -90,7 +90,8 @@ DRIVER = textwrap.dedent("""
     from nanovllm_edu import LLM, SamplingParams
     from nanovllm_edu.assets import tiny_model_path
     if __name__ == "__main__":
-        llm = LLM(tiny_model_path(), tensor_parallel_size=2, num_kvcache_blocks=64, kvcache_block_size=16)
+        llm = LLM(tiny_model_path(), tensor_parallel_size=2, num_kvcache_blocks=64, kvcache_block_size=16,
+                  device="cpu")
         print("pids", *llm.model_runner.workers.pids, flush=True)
         params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
         if sys.argv[1:] == ["raise"]:  # a bug in the user's script: Python exits through atexit
