@@ -56,6 +56,7 @@ class ModelRunner:
             raise
 
     def _build(self) -> None:
+        """Load this rank's shard of the model, size and allocate its KV cache, capture decode graphs."""
         config = self.config
         self.block_size = config.kvcache_block_size
         self.model = Qwen3ForCausalLM.from_pretrained(config.model, device=self.device, tp_rank=self.rank,
