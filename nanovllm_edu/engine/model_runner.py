@@ -6,7 +6,6 @@ __all__ = ['CPU_KV_BUDGET_BYTES', 'ModelRunner']
 # %% ../../notebooks/07_engine.ipynb #932c73a2
 import math
 import os
-import time
 
 import numpy as np
 import torch
@@ -18,7 +17,7 @@ from .sequence import Sequence
 from .tp_worker import WorkerGroup, check_tp_devices, rank_device
 from ..layers.attention_backends import get_attention_backend
 from ..layers.sampler import Sampler
-from ..models.qwen3 import Qwen3ForCausalLM
+from ..models.qwen3 import Qwen3ForCausalLM, head_dim_of
 from ..utils.context import reset_context, set_context
 from ..utils.device import resolve_device
 
@@ -82,8 +81,7 @@ class ModelRunner:
     def block_bytes(self) -> int:
         """Bytes of K and V for one block across all layers (this rank's KV heads)."""
         cfg = self.config.hf_config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return (2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * head_dim
+        return (2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * head_dim_of(cfg)
                 * self.dtype.itemsize)
 
     @property
@@ -121,9 +119,8 @@ class ModelRunner:
             if num_blocks < 1:
                 raise ValueError("no memory is left for the KV cache; raise gpu_memory_utilization, lower "
                                  "max_num_batched_tokens, or set num_kvcache_blocks")
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.kv_cache = torch.zeros(2, cfg.num_hidden_layers, num_blocks, self.block_size,
-                                    self.num_kv_heads, head_dim, dtype=self.dtype, device=self.device)
+                                    self.num_kv_heads, head_dim_of(cfg), dtype=self.dtype, device=self.device)
         for i, attn in enumerate(self.attn_layers):
             attn.k_cache, attn.v_cache, attn.backend = self.kv_cache[0, i], self.kv_cache[1, i], self.backend
         return num_blocks
