@@ -298,7 +298,9 @@ STAGES = {  # (object attribute on the engine, method) -> part of a step
     ("model_runner", "prepare_sample"): "prepare",
     ("model_runner", "run_model"): "forward",
     ("model_runner", "sampler"): "sample",
-    ("scheduler", "postprocess"): "postprocess",
+    ("model_runner", "token_ids"): "sample",
+    ("scheduler", "reserve"): "postprocess",
+    ("scheduler", "commit"): "postprocess",
 }
 PARTS = ("schedule", "prepare", "forward", "sample", "postprocess", "other")
 
@@ -353,6 +355,10 @@ class StepTimer:
                 self._wrap(owner, attr, part)
         self._saved.append((self.llm, "step", self.llm.step, "step" in vars(self.llm)))
         self.llm.step = self._step(self.llm.step)
+        # one step at a time (generate() then calls step()): overlapping steps would blur whose time is
+        # whose. The CPU parts measured so are the work that async scheduling hides behind the GPU's.
+        self._saved.append((self.llm.config, "async_scheduling", self.llm.config.async_scheduling, True))
+        self.llm.config.async_scheduling = False
         return self
 
     def __exit__(self, *exc) -> None:
@@ -544,6 +550,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", default="auto", choices=["auto", "torch", "triton", "flash_attn"],
                     help="attention backend")
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--no-async-scheduling", action="store_true",
+                    help="wait for each step's tokens before planning the next")
     ap.add_argument("--no-prefix-caching", action="store_true")
     for name, (kind, help_text) in ENGINE_ARGS.items():
         ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
@@ -560,6 +568,8 @@ def engine_args_from(args: argparse.Namespace) -> dict:
     engine_args = {"device": args.device, "attention_backend": args.backend, "enforce_eager": args.enforce_eager}
     if args.no_prefix_caching:
         engine_args["enable_prefix_caching"] = False
+    if args.no_async_scheduling:
+        engine_args["async_scheduling"] = False
     return engine_args | {k: getattr(args, k) for k in ENGINE_ARGS if getattr(args, k) is not None}
 
 

@@ -48,6 +48,7 @@ class Config:
     gpu_memory_utilization: float = 0.9  # share of GPU memory the engine may use in all
     tensor_parallel_size: int = 1
     enforce_eager: bool = False  # True: no CUDA graphs
+    async_scheduling: bool = True  # plan and launch step N+1 while step N still runs (notebook 07)
     kvcache_block_size: int = 256  # tokens per KV-cache block (power of two >= 16)
     num_kvcache_blocks: int = -1  # -1: size the cache automatically
     enable_prefix_caching: bool = True

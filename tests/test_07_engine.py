@@ -135,7 +135,7 @@ def test_invalid_sampling_params_are_rejected(llm):
 
 def test_interrupted_generate_frees_everything(llm, reference_tokens):
     calls = {"n": 0}
-    original = llm.model_runner.run
+    original = llm.model_runner.launch
 
     def flaky(seqs, is_prefill):
         calls["n"] += 1
@@ -143,11 +143,11 @@ def test_interrupted_generate_frees_everything(llm, reference_tokens):
             raise KeyboardInterrupt
         return original(seqs, is_prefill)
 
-    llm.model_runner.run = flaky
+    llm.model_runner.launch = flaky
     try:
         with pytest.raises(KeyboardInterrupt):
             llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     finally:
-        llm.model_runner.run = original
+        llm.model_runner.launch = original
     assert llm.scheduler.is_finished()
     assert [o["token_ids"] for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == reference_tokens

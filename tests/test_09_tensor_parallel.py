@@ -9,6 +9,7 @@ from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.engine.tp_worker import check_tp_devices
 
 from parity import engine_greedy, hf_greedy
+from test_07_async_scheduling import generate_counting_ahead
 
 PROMPTS = ["Return the", "This module provides a class that", "Raise ValueError if the given",
            "Create a new", "If the file does not exist, the function returns None and logs a warning; otherwise"]
@@ -62,6 +63,15 @@ def test_each_rank_holds_its_kv_heads(tp_llm):
     assert runner.kv_cache.shape[-2] == runner.num_kv_heads
     assert runner.model.model.layers[0].self_attn.num_heads == cfg.num_attention_heads // 2
     assert len(runner.workers.procs) == 1
+
+
+def test_async_scheduling_plans_ahead_under_tp(tp_llm, prompt_ids):
+    """Rank 0 broadcasts each step's sampled tokens, so a step planned ahead finds its inputs on every rank."""
+    long = SamplingParams(temperature=0, max_tokens=40)
+    outs, num_ahead = generate_counting_ahead(tp_llm, prompt_ids, long)
+    assert num_ahead > 10
+    sync = LLM(tiny_model_path(), async_scheduling=False, **SETTINGS).generate(prompt_ids, long, use_tqdm=False)
+    assert [(o["token_ids"], o["finish_reason"]) for o in outs] == [(o["token_ids"], o["finish_reason"]) for o in sync]
 
 
 def test_sampled_requests_run_under_tp(tp_llm):

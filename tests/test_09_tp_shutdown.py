@@ -58,7 +58,7 @@ def test_exit_then_a_new_engine_and_a_driver_exception():
     def broken(seqs, is_prefill):
         raise ValueError("driver bug")
 
-    llm.model_runner.run_local = broken
+    llm.model_runner.launch_local = broken
     start = time.monotonic()
     with pytest.raises(ValueError, match="driver bug"):
         llm.generate(PROMPTS, GREEDY, use_tqdm=False)

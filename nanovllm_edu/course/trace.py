@@ -44,7 +44,8 @@ class EngineTrace:
     """Record every step of one engine: `with EngineTrace(llm) as trace: llm.generate(...)`.
 
     `EngineTrace(llm)` installs itself at once; `stop()` (or leaving the `with` block) restores the
-    engine's own methods. Records accumulate over several start/stop rounds."""
+    engine's own methods and settings (async scheduling is off while it records). Records accumulate over
+    several start/stop rounds."""
 
     def __init__(self, llm, start: bool = True):
         self.llm = llm
@@ -90,6 +91,7 @@ class EngineTrace:
 
         self._set(scheduler, "schedule", traced_schedule)
         self._set(self.llm, "step", traced_step)
+        self._set(self.llm.config, "async_scheduling", False)  # generate() then runs one step() at a time
         return self
 
     def _set(self, owner, attr: str, value) -> None:

@@ -98,7 +98,8 @@ class PrefixCachingBlockManager(BlockManager):
     def may_append(self, seq: Sequence) -> None:
         """Room for the newest token; once decoding fills a block, publish its hash."""
         super().may_append(seq)
-        last_full = seq.num_tokens // self.block_size - 1  # blocks 0..last_full are full
+        # blocks 0..last_full are full of known tokens (a block ending in a placeholder waits a step)
+        last_full = (seq.num_tokens - seq.num_pending_tokens) // self.block_size - 1
         # Walk back to the newest hashed block (normally 0 or 1 step), then publish forwards.
         first = last_full
         while first >= 0 and self.blocks[seq.block_table[first]].hash == -1:

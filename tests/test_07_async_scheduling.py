@@ -1,0 +1,143 @@
+"""Async scheduling (notebook 07): step N+1 is planned and launched before step N's tokens are known.
+It must never change what is generated: the scheduler driven one step ahead (with EOS stops, length limits,
+preemption, prefix caching) ends exactly where the synchronous scheduler does, and the engine's outputs are
+the same with async scheduling on and off."""
+import random
+import zlib
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanovllm_edu import LLM, SamplingParams
+from nanovllm_edu.assets import tiny_model_path
+from nanovllm_edu.engine.prefix_cache import compute_block_hash, make_block_manager
+from nanovllm_edu.engine.scheduler import Scheduler
+from nanovllm_edu.engine.sequence import PENDING_TOKEN, Sequence
+
+EOS = 0
+
+
+def make_scheduler(num_blocks, block_size=16, caching=True, **cfg):
+    fields = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 256, "eos": EOS} | cfg
+    return Scheduler(SimpleNamespace(**fields), make_block_manager(num_blocks, block_size, caching))
+
+
+def fake_token(seq: Sequence, index: int) -> int:
+    """A 'model' whose next token depends only on the prompt and the position: EOS about one time in 12."""
+    h = zlib.crc32(repr((seq.prompt_token_ids, index)).encode())
+    return EOS if h % 12 == 0 else 1 + h % 40
+
+
+def drive(sched: Scheduler, ahead: bool) -> int:
+    """Run the scheduler to the end like LLMEngine.generate; returns how many steps were planned ahead."""
+    inflight, num_ahead = None, 0
+    for _ in range(100_000):
+        if inflight is None and sched.is_finished():
+            return num_ahead
+        if inflight is None:
+            inflight = sched.reserve(sched.schedule()[0])
+            continue
+        upcoming = None
+        if ahead and sched.can_schedule_ahead():
+            upcoming, num_ahead = sched.reserve(sched.schedule()[0]), num_ahead + 1
+        sched.commit(inflight, [fake_token(seq, index) for seq, index in inflight])
+        inflight = upcoming
+    raise AssertionError("runaway loop")
+
+
+def requests(rng: random.Random, n: int, shared_prefix: list[int]) -> list[Sequence]:
+    seqs = []
+    for i in range(n):
+        own = [rng.randrange(1, 50) for _ in range(rng.randrange(1, 40))]
+        prompt = (shared_prefix if i % 2 else []) + own
+        seqs.append(Sequence(prompt, SamplingParams(max_tokens=rng.randrange(1, 60), ignore_eos=i % 3 == 0), 16))
+    return seqs
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 12), num_blocks=st.integers(8, 40),
+       max_num_seqs=st.sampled_from([1, 3, 8]), caching=st.booleans(), budget=st.sampled_from([16, 64]))
+def test_scheduling_ahead_never_changes_the_outcome(seed, n, num_blocks, max_num_seqs, caching, budget):
+    outcomes = []
+    for ahead in (False, True):
+        rng = random.Random(seed)
+        shared = [rng.randrange(1, 50) for _ in range(20)]
+        sched = make_scheduler(num_blocks, caching=caching, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+        seqs = requests(rng, n, shared)
+        for seq in seqs:
+            sched.add(seq)  # each fits the smallest cache alone: 8 blocks of 16 > 59 + 59 tokens
+        drive(sched, ahead)
+        bm = sched.block_manager
+        assert bm.num_free_blocks == bm.num_blocks, "a block leaked"
+        for seq in seqs:
+            assert PENDING_TOKEN not in seq.token_ids and seq.num_pending_tokens == 0
+            assert seq.num_completion_tokens <= seq.sampling_params.max_tokens
+        for block in bm.blocks:  # every published hash is over real tokens
+            assert PENDING_TOKEN not in block.token_ids
+        outcomes.append([(s.token_ids, s.finish_reason, s.num_cached_tokens) for s in seqs])
+    assert outcomes[0] == outcomes[1]
+
+
+def test_scheduling_ahead_happens_and_eos_overrides_a_planned_length_stop():
+    sched = make_scheduler(16)
+    seq = Sequence([5, 6, 7], SamplingParams(max_tokens=2), 16)
+    sched.add(seq)
+    first = sched.reserve(sched.schedule()[0])  # prefill: samples completion token 1
+    assert sched.can_schedule_ahead()
+    second = sched.reserve(sched.schedule()[0])  # decode planned ahead: its token 2 is the last (max_tokens=2)
+    assert seq.is_finished and seq.finish_reason == "length" and seq.num_pending_tokens == 2
+    assert sched.commit(first, [EOS]) == [seq]  # ... but token 1 was EOS: the sequence stops there
+    assert seq.finish_reason == "stop" and seq.completion_token_ids == [EOS]
+    assert sched.commit(second, [9]) == []  # the planned token is void
+    assert seq.completion_token_ids == [EOS] and sched.block_manager.num_free_blocks == 16
+
+
+def test_a_block_is_published_only_once_its_tokens_are_known():
+    bm = make_block_manager(8, 16, True)
+    seq = Sequence(list(range(1, 16)), SamplingParams(), 16)  # 15 tokens: one short of a full block
+    bm.allocate(seq)
+    index = seq.append_placeholder()  # the 16th token is still on the GPU
+    bm.may_append(seq)
+    assert bm.blocks[seq.block_table[0]].hash == -1
+    seq.fill_token(index, 42)
+    seq.append_placeholder()
+    bm.may_append(seq)  # the next step publishes it, with the real token
+    assert bm.blocks[seq.block_table[0]].hash == compute_block_hash(list(range(1, 16)) + [42])
+
+
+PROMPTS = ["Return the", "This module provides a class that", "Raise ValueError if the given",
+           "Create a new", "If the file does not exist, the function returns None and logs a warning; otherwise"]
+SMALL = dict(max_num_seqs=16, num_kvcache_blocks=64, kvcache_block_size=16)
+
+
+def generate_counting_ahead(llm, prompts, params):
+    """llm.generate, also returning how many steps were launched ahead of the previous step's tokens."""
+    count = {"ahead": 0}
+    original = llm.scheduler.can_schedule_ahead
+
+    def counted():
+        ok = original()
+        count["ahead"] += ok
+        return ok
+
+    llm.scheduler.can_schedule_ahead = counted
+    try:
+        return llm.generate(prompts, params, use_tqdm=False), count["ahead"]
+    finally:
+        del llm.scheduler.can_schedule_ahead
+
+
+@pytest.mark.parametrize("args", [{}, dict(max_num_batched_tokens=16), dict(num_kvcache_blocks=6)],
+                         ids=["plain", "chunked prefill", "preemption"])
+def test_engine_output_is_the_same_with_and_without_async_scheduling(args):
+    settings_ = SMALL | args
+    params = [SamplingParams(temperature=0, max_tokens=m) for m in (5, 40, 17, 64, 30)]
+    params += [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, seed=7)]  # seeded: reproducible
+    prompts = PROMPTS + ["Return a new"]
+    sync = LLM(tiny_model_path(), async_scheduling=False, **settings_).generate(prompts, params, use_tqdm=False)
+    outs, num_ahead = generate_counting_ahead(LLM(tiny_model_path(), **settings_), prompts, params)
+    assert num_ahead > 10, "decode steps should be launched ahead of the previous step's tokens"
+    assert outs == sync
+    assert {o["finish_reason"] for o in outs} == {"stop", "length"}  # EOS stops and length stops both occur
