@@ -2,17 +2,18 @@
 
 # %% auto #0
 __all__ = ['ANCHORS', 'NANO_VLLM_MID_TOK_S', 'MIN_LEN', 'TOKEN_ID_HIGH', 'WARMUP_SEQS', 'WARMUP_TOKENS', 'DATASHEET_BF16_FLOPS',
-           'STAGES', 'PARTS', 'LIMIT_KEYS', 'ENGINE_ARGS', 'Workload', 'make_workload', 'fit_to_vocab',
-           'warmup_workload', 'sampling_params_for', 'checkpoint_shapes', 'build_random_checkpoint',
+           'STAGES', 'PARTS', 'LIMIT_KEYS', 'COLLECTIVE_BATCH_SIZES', 'ENGINE_ARGS', 'Workload', 'make_workload',
+           'fit_to_vocab', 'warmup_workload', 'sampling_params_for', 'checkpoint_shapes', 'build_random_checkpoint',
            'random_weights_config', 'ModelShape', 'workload_cost', 'hardware_limit', 'measure_copy_bandwidth',
            'measure_bf16_flops', 'datasheet_bf16_flops', 'StepTimer', 'run_hf', 'library_versions', 'anchor_ratios',
-           'engine_config_dict', 'time_generate', 'measure_rates', 'limit_fields', 'run_benchmark', 'parse_args',
-           'engine_args_from', 'report', 'main']
+           'engine_config_dict', 'time_generate', 'decode_batch_sizes', 'collective_fields', 'measure_rates',
+           'limit_fields', 'run_benchmark', 'parse_args', 'engine_args_from', 'report', 'main']
 
 # %% ../notebooks/10_benchmark.ipynb #b12a8214
 """`python -m nanovllm_edu.bench`: throughput on nano-vllm's benchmark workload, against the anchors and the
 hardware limit (exported from notebooks/10_benchmark.ipynb)."""
 import argparse
+import bisect
 import dataclasses
 import datetime
 import gc
@@ -26,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 # Measured on one H200 for the default workload (design notes); ranges are (low, high) over three runs.
@@ -445,6 +447,29 @@ def time_generate(llm, workload: Workload) -> tuple[float, list[dict]]:
     return time.perf_counter() - start, outputs
 
 
+COLLECTIVE_BATCH_SIZES = (1, 8, 32, 64, 128, 256)
+
+
+def decode_batch_sizes(max_tokens: list[int]) -> list[int]:
+    """The batch of every decode step when all requests are admitted at once (as the default workload is):
+    step k decodes the requests that still need more than k + 1 tokens (prefill samples the first)."""
+    remaining = sorted(max_tokens)
+    return [len(remaining) - bisect.bisect_right(remaining, k + 1) for k in range(max(max_tokens) - 1)]
+
+
+def collective_fields(llm, workload: Workload) -> dict:
+    """Tensor parallelism only: the decode step's collectives timed per batch size (notebook 09), and what
+    they add up to over the workload's decode steps (an estimate: linear between measured sizes)."""
+    runner = llm.model_runner
+    top = min(llm.config.max_num_seqs, workload.num_seqs)  # the largest decode batch of the run
+    sizes = sorted({bs for bs in COLLECTIVE_BATCH_SIZES if bs < top} | {top})
+    timings = runner.workers.time_collectives(runner, sizes)
+    per_step = [t["all_reduce_seconds"] + t["gather_seconds"] for t in timings.values()]
+    steps = decode_batch_sizes(workload.max_tokens)
+    return {"collectives_by_batch_size": {str(bs): t for bs, t in timings.items()},
+            "collectives_decode_seconds_estimate": float(sum(np.interp(steps, sizes, per_step)))}
+
+
 def measure_rates(device: torch.device) -> dict:
     """The GPU's bf16 FLOP/s and copy bandwidth. Run it before the engine starts: after a run has filled and
     freed most of the memory, the same copy measured ~10% slower here."""
@@ -500,6 +525,8 @@ def run_benchmark(model: str, workload: Workload, engine_args: dict, breakdown: 
             llm.generate(fresh, sampling_params_for(workload), use_tqdm=False)
         result["breakdown"] = timer.totals
     result |= workload_cost(shape, workload.prompt_lens, workload.max_tokens, config.max_num_batched_tokens)
+    if config.tensor_parallel_size > 1:
+        result |= collective_fields(llm, workload)
 
     device = runner.device
     if hasattr(llm, "exit"):

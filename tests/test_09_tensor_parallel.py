@@ -91,13 +91,14 @@ def test_invalid_sizes_fail_before_spawning():
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_tp2_on_two_gpus_matches_transformers(tp_llm):
-    """NCCL + CUDA graphs on each rank (float32 tiny model): the same greedy tokens as transformers."""
+    """NCCL + CUDA graphs on each rank (float32 tiny model): the same greedy tokens as transformers,
+    with async scheduling on and off."""
     prompt_ids = [tp_llm.tokenizer.encode(p) for p in PROMPTS]
     tp_llm.exit()  # one TP engine per process: the CPU one (the last test to use it) goes first
     reference = hf_greedy(tiny_model_path(), prompt_ids, GREEDY.max_tokens)
-    for eager in (True, False):
+    for eager, overlap in ((True, True), (False, True), (False, False)):
         with LLM(tiny_model_path(), tensor_parallel_size=2, device="cuda", enforce_eager=eager,
-                 max_num_seqs=16, kvcache_block_size=256) as llm:
+                 async_scheduling=overlap, max_num_seqs=16, kvcache_block_size=256) as llm:
             outs = llm.generate(prompt_ids, GREEDY, use_tqdm=False)
-            assert [o["token_ids"] for o in outs] == reference, f"enforce_eager={eager}"
+            assert [o["token_ids"] for o in outs] == reference, f"enforce_eager={eager}, async={overlap}"
             assert llm.model_runner.num_kv_heads == 1 and llm.model_runner.device.index == 0

@@ -81,3 +81,17 @@ def test_each_of_four_ranks_holds_a_quarter_of_the_kv_heads(tp_llm):
     assert runner.model.model.layers[0].self_attn.num_heads == 2
     assert len(runner.workers.procs) == TP - 1
     assert all(proc.is_alive() for proc in runner.workers.procs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < TP, reason="needs four CUDA GPUs")
+def test_tp4_on_four_gpus_matches_transformers(tp_llm, model_path):
+    """NCCL, CUDA graphs and async scheduling on four GPUs (float32): transformers' greedy tokens."""
+    tp_llm.exit()  # one TP engine per process: the CPU one goes first
+    reference = hf_greedy(model_path, PROMPTS, MAX_TOKENS)
+    for eager in (True, False):
+        with LLM(model_path, tensor_parallel_size=TP, device="cuda", enforce_eager=eager, max_num_seqs=16,
+                 kvcache_block_size=16, num_kvcache_blocks=64) as llm:
+            outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+            assert [o["token_ids"] for o in outs] == reference, f"enforce_eager={eager}"
+            assert llm.model_runner.num_kv_heads == 1 and len(llm.model_runner.workers.procs) == TP - 1

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from nanovllm_edu.bench import (ANCHORS, ModelShape, build_random_checkpoint, checkpoint_shapes, fit_to_vocab,
+from nanovllm_edu.bench import (ANCHORS, ModelShape, build_random_checkpoint, checkpoint_shapes, decode_batch_sizes, fit_to_vocab,
                                 hardware_limit, main, make_workload, random_weights_config, workload_cost)
 
 
@@ -120,6 +120,22 @@ def test_cli_end_to_end_on_cpu(tmp_path, capsys):
     decode = record["breakdown"]["decode"]
     assert decode["steps"] == 8 - 1 and decode["forward"] > 0
     assert record["hf_seconds"] > 0 and record["ratio"] == pytest.approx(record["hf_seconds"] / record["seconds"])
+
+
+def test_decode_batch_sizes_follow_the_output_lengths():
+    # a request with max_tokens m gets its first token from prefill, then decodes in steps 0 .. m - 2
+    assert decode_batch_sizes([1, 3, 2]) == [2, 1]
+    assert decode_batch_sizes([4, 4]) == [2, 2, 2]
+
+
+def test_tensor_parallel_run_records_its_collectives(tmp_path):
+    result = main(["--device", "cpu", "--num-seqs", "4", "--max-input-len", "32", "--max-output-len", "8",
+                   "--max-num-seqs", "4", "--tensor-parallel-size", "2", "--json", str(tmp_path / "tp.json")])
+    timings = result["collectives_by_batch_size"]
+    assert set(timings) == {"1", "4"}  # up to the largest decode batch of the run
+    assert timings["1"]["num_all_reduces"] == 2 * 4 + 1  # the tiny model has 4 layers
+    assert timings["1"]["all_reduce_seconds"] > 0 and timings["1"]["gather_seconds"] > 0
+    assert result["collectives_decode_seconds_estimate"] > 0
 
 
 def test_warmup_is_shaped_like_the_workload_but_not_cached():

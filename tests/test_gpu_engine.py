@@ -59,6 +59,7 @@ def test_float32_greedy_parity_on_random_shapes(shapes):
 
 @pytest.mark.parametrize("name, args", [
     ("CUDA graphs off", dict(enforce_eager=True)),
+    ("async scheduling off", dict(async_scheduling=False)),
     ("chunked prefill", dict(max_num_batched_tokens=32)),
     ("preemption", dict(num_kvcache_blocks=14)),
     ("no prefix caching", dict(enable_prefix_caching=False)),

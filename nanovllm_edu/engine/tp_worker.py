@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['TP_TIMEOUT_S', 'STARTUP_TIMEOUT_S', 'WAIT_POLL_S', 'WorkerDiedError', 'check_tp_devices', 'rank_device',
            'init_process_group', 'SeqView', 'pack_step', 'unpack_step', 'worker_main', 'shutdown_workers',
-           'WorkerGroup']
+           'WorkerGroup', 'time_collectives']
 
 # %% ../../notebooks/09_tensor_parallel.ipynb #e8deee61
 import datetime
@@ -111,6 +111,8 @@ def worker_main(config: Config, rank: int, port: int, conn: mp.connection.Connec
             if method == "run":  # the step's sequences arrive as tuples
                 packed, is_prefill = args
                 runner.launch_local(unpack_step(packed), is_prefill)
+            elif method == "time_collectives":
+                time_collectives(runner, *args)
             else:
                 getattr(runner, method)(*args)
     finally:
@@ -223,6 +225,11 @@ class WorkerGroup:
                 time.sleep(WAIT_POLL_S)
         self._guarded(poll)
 
+    def time_collectives(self, runner, batch_sizes: list[int]) -> dict:
+        "Every rank runs `time_collectives(runner, batch_sizes)`; rank 0's measurements come back."
+        self.send("time_collectives", batch_sizes)
+        return self._guarded(lambda: time_collectives(runner, batch_sizes))
+
     def _guarded(self, fn):
         """Run `fn()`. Any failure leaves the ranks out of step, so it shuts the group down before it
         propagates (a dead worker becomes WorkerDiedError)."""
@@ -251,3 +258,49 @@ class WorkerGroup:
         else:
             self._finalizer.detach()
             shutdown_workers(self.procs, self.conns, graceful=False)
+
+# %% ../../notebooks/09_tensor_parallel.ipynb #20416196
+def _seconds_per_call(fn, iters: int, device: torch.device) -> float:
+    "Wall seconds per call of `fn`, after a warm-up call, with every rank starting together."
+    fn()
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters
+
+
+@torch.inference_mode()
+def time_collectives(runner, batch_sizes: list[int], iters: int = 20) -> dict[int, dict]:
+    """Seconds one decode step spends in collectives, per batch size (every rank must call this): the
+    `2 x layers + 1` all-reduces of [batch, hidden] and the gather of [batch, vocab / tp] logits on rank 0."""
+    cfg, device, dtype = runner.config.hf_config, runner.device, runner.dtype
+    num_all_reduces = 2 * cfg.num_hidden_layers + 1
+    shard = runner.model.lm_head.weight.shape[0]  # this rank's slice of the vocabulary
+    results = {}
+    for bs in batch_sizes:
+        hidden = torch.zeros(bs, cfg.hidden_size, dtype=dtype, device=device)
+
+        def all_reduces():
+            for _ in range(num_all_reduces):
+                dist.all_reduce(hidden)
+
+        run = all_reduces
+        if device.type == "cuda":  # as in decode: inside a CUDA graph
+            all_reduces()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                all_reduces()
+            run = graph.replay
+        logits = torch.zeros(bs, shard, dtype=dtype, device=device)
+        parts = [torch.empty_like(logits) for _ in range(runner.tp_size)] if runner.rank == 0 else None
+        results[bs] = {"all_reduce_seconds": _seconds_per_call(run, iters, device),
+                       "gather_seconds": _seconds_per_call(lambda: dist.gather(logits, parts, dst=0), iters, device),
+                       "num_all_reduces": num_all_reduces, "all_reduce_bytes": hidden.nbytes,
+                       "gather_bytes": logits.nbytes}
+        del run
+    return results
