@@ -500,6 +500,7 @@ def run_benchmark(model: str, workload: Workload, engine_args: dict, breakdown: 
     workload = fit_to_vocab(workload, config.hf_config.vocab_size)
     seconds, outputs = time_generate(llm, workload)
     total = workload.total_tokens
+    print(f"timed run: {total} tokens in {seconds:.2f} s = {total / seconds:.0f} tok/s", flush=True)
     shape = ModelShape.from_config(config.hf_config, dtype_bytes=runner.dtype.itemsize)
     result = {
         "device": torch.cuda.get_device_name(runner.device) if runner.device.type == "cuda" else "cpu",

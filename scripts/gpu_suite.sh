@@ -25,14 +25,18 @@ bench() {  # bench NAME LABEL [extra flags...]: one benchmark run, its record in
   local name=$1 label=$2
   shift 2
   echo "=== $label ($(date -u +%T))" | tee -a "$OUT/bench.log"
-  timeout 300 python3 -m nanovllm_edu.bench --random-weights qwen3-0.6b --backend triton --label "$label" \
+  # past the limit every python process (tensor-parallel workers too) prints its Python stack, then dies
+  ( sleep "${BENCH_LIMIT_S:-300}"; pkill -ABRT python3 ) &
+  local watchdog=$!
+  PYTHONFAULTHANDLER=1 python3 -m nanovllm_edu.bench --random-weights qwen3-0.6b --backend triton --label "$label" \
     --json "$OUT/bench_$name.json" "$@" 2>&1 | tee -a "$OUT/bench.log" || status=1
+  kill "$watchdog" 2>/dev/null
 }
 
 for stage in "${stages[@]}"; do
   case "$stage" in
     tests)
-      timeout 900 python3 -m pytest -o addopts="" -p no:cacheprovider -m gpu tests -q -rs 2>&1 | tee "$OUT/pytest_gpu.log" || status=1 ;;
+      PYTHONFAULTHANDLER=1 timeout -s ABRT "${TESTS_LIMIT_S:-900}" python3 -m pytest -o addopts="" -p no:cacheprovider -m gpu tests -q -rs 2>&1 | tee "$OUT/pytest_gpu.log" || status=1 ;;
     bench)
       bench triton_graphs "triton + CUDA graphs" --breakdown ;;
     sync)
