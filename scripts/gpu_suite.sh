@@ -36,7 +36,7 @@ bench() {  # bench NAME LABEL [extra flags...]: one benchmark run, its record in
 for stage in "${stages[@]}"; do
   case "$stage" in
     tests)
-      PYTHONFAULTHANDLER=1 timeout -s ABRT "${TESTS_LIMIT_S:-900}" python3 -m pytest -o addopts="" -p no:cacheprovider -m gpu tests -q -rs 2>&1 | tee "$OUT/pytest_gpu.log" || status=1 ;;
+      PYTHONFAULTHANDLER=1 timeout -s ABRT "${TESTS_LIMIT_S:-900}" python3 -m pytest -o addopts="" -p no:cacheprovider -m gpu tests -q -rs --continue-on-collection-errors 2>&1 | tee "$OUT/pytest_gpu.log" || status=1 ;;
     bench)
       bench triton_graphs "triton + CUDA graphs" --breakdown ;;
     sync)

@@ -4,9 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
+
+nbformat = pytest.importorskip("nbformat")  # the notebooks extra (a GPU machine may lack it)
 
 from nanovllm_edu.engine.block_manager import BlockManager
 from nanovllm_edu.engine.prefix_cache import PrefixCachingBlockManager

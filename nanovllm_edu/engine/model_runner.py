@@ -106,6 +106,7 @@ class ModelRunner:
     def exit(self) -> None:
         """Stop the tensor-parallel workers (nothing to do with one rank); safe to call twice."""
         if self.workers is not None:
+            self.graph_runner = None  # its CUDA graphs hold NCCL kernels: they go before the process group does
             self.workers.shutdown()
 
     # --- memory -------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['TP_TIMEOUT_S', 'STARTUP_TIMEOUT_S', 'WAIT_POLL_S', 'WorkerDiedError', 'check_tp_devices', 'rank_device',
-           'init_process_group', 'SeqView', 'pack_step', 'unpack_step', 'worker_main', 'shutdown_workers',
-           'WorkerGroup', 'time_collectives']
+           'init_process_group', 'SeqView', 'pack_step', 'unpack_step', 'worker_main', 'leave_process_group',
+           'shutdown_workers', 'WorkerGroup', 'time_collectives']
 
 # %% ../../notebooks/09_tensor_parallel.ipynb #e8deee61
 import datetime
@@ -99,6 +99,7 @@ def worker_main(config: Config, rank: int, port: int, conn: mp.connection.Connec
                           timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
     store.set(f"alive{rank}", "1")  # rank 0 waits for this, watching that we did not die on the way
     init_process_group(rank, world_size, store, rank_device(device, rank))
+    runner, told_to_exit = None, False
     try:
         runner = ModelRunner(config, rank)
         while True:
@@ -107,6 +108,7 @@ def worker_main(config: Config, rank: int, port: int, conn: mp.connection.Connec
             except EOFError:  # rank 0 is gone without saying goodbye (killed): nothing more will come
                 break
             if method == "exit":
+                told_to_exit = True
                 break
             if method == "run":  # the step's sequences arrive as tuples
                 packed, is_prefill = args
@@ -116,18 +118,36 @@ def worker_main(config: Config, rank: int, port: int, conn: mp.connection.Connec
             else:
                 getattr(runner, method)(*args)
     finally:
-        dist.destroy_process_group()
+        del runner  # its CUDA graphs hold NCCL kernels: they go before the process group does
+        leave_process_group(graceful=told_to_exit)
 
 # %% ../../notebooks/09_tensor_parallel.ipynb #b2ca1e0a
+def leave_process_group(graceful: bool = True) -> None:
+    """Leave the default process group, if this process is in one. Gracefully, after this rank's device work
+    is done, while the other ranks do the same (NCCL tears a communicator down with all its ranks); else,
+    when a peer may be dead or stuck in a collective, NCCL's communicator is aborted instead of waited for."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    nccl = dist.get_backend() == "nccl"
+    if nccl and not graceful:
+        dist.distributed_c10d._abort_process_group()
+        return
+    if nccl:
+        torch.cuda.synchronize()
+    dist.destroy_process_group()
+
+
 def shutdown_workers(procs: list, conns: list, graceful: bool = True) -> None:
-    """Stop the workers: ask politely ("exit") when they are idle, else (or if they do not listen within
-    seconds) terminate them; then leave the process group. Idempotent."""
+    """Stop the workers: ask politely ("exit") when they are idle and leave the process group with them,
+    else (or if they do not stop within seconds) terminate them and abandon the group. Idempotent."""
     if graceful:
         for conn in conns:
             try:
                 conn.send_bytes(pickle.dumps(("exit", ())))
             except (OSError, ValueError):  # that worker is already gone
                 pass
+    leave_process_group(graceful)
+    if graceful:
         deadline = time.monotonic() + 10
         for proc in procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -142,8 +162,6 @@ def shutdown_workers(procs: list, conns: list, graceful: bool = True) -> None:
         conn.close()
     procs.clear()
     conns.clear()
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 class WorkerGroup:
