@@ -7,6 +7,8 @@
   deterministic) and writes figures/trace_tiny_cpu.json (the trace, without wall times) and .png.
 - cuda_graphs: redraws figures/cuda_graphs.png from the committed H200 measurements in
   figures/cuda_graphs.json (re-measuring them needs a GPU: scripts/gpu_suite.sh).
+- tp_scaling: draws figures/tp_scaling.png from the committed benchmark records figures/bench_*.json
+  (throughput against GPUs, collectives per decode step; measuring them: scripts/gpu_suite.sh tp).
 """
 import argparse
 import json
@@ -64,7 +66,24 @@ def cuda_graphs() -> list[Path]:
     return [png_path]
 
 
-MAKERS: dict[str, Callable[[], list[Path]]] = {"trace_tiny_cpu": trace_tiny_cpu, "cuda_graphs": cuda_graphs}
+def tp_scaling() -> list[Path]:
+    """Tensor-parallel scaling and the collectives' cost per step, from the committed GPU benchmark records."""
+    from nanovllm_edu.course.bench_plots import load_records, plot_tp_scaling, scaling_runs
+
+    records = load_records(FIGURES)
+    if len(scaling_runs(records)) < 2:
+        print("skipped tp_scaling: needs GPU benchmark records with --tensor-parallel-size > 1 "
+              "(scripts/gpu_suite.sh tp)")
+        return []
+    png_path = FIGURES / "tp_scaling.png"
+    fig = plot_tp_scaling(records)
+    fig.savefig(png_path, dpi=110, metadata=PNG_METADATA)
+    plt.close(fig)
+    return [png_path]
+
+
+MAKERS: dict[str, Callable[[], list[Path]]] = {"trace_tiny_cpu": trace_tiny_cpu, "cuda_graphs": cuda_graphs,
+                                               "tp_scaling": tp_scaling}
 
 
 def main(argv: list[str] | None = None) -> int:
