@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .utils.patching import InstancePatches
+
 # Measured on one H200 for the default workload (design notes); ranges are (low, high) over three runs.
 ANCHORS = {
     "device": "NVIDIA H200",
@@ -292,7 +294,7 @@ def datasheet_bf16_flops(device: torch.device) -> float | None:
     name = torch.cuda.get_device_name(device)
     return next((flops for key, flops in DATASHEET_BF16_FLOPS.items() if key in name), None)
 
-# %% ../notebooks/10_benchmark.ipynb #31ef8146
+# %% ../notebooks/10_benchmark.ipynb #371c7dd9
 STAGES = {  # (object attribute on the engine, method) -> part of a step
     ("scheduler", "schedule"): "schedule",
     ("model_runner", "prepare_prefill"): "prepare",
@@ -314,13 +316,12 @@ class StepTimer:
         self.llm = llm
         self.sync = llm.model_runner.device.type == "cuda"
         self.totals = {kind: dict.fromkeys(PARTS, 0.0) | {"steps": 0, "seconds": 0.0} for kind in ("prefill", "decode")}
-        self._saved: list[tuple[object, str, object, bool]] = []
+        self._patches = InstancePatches()
         self._kind = "decode"
         self._parts: dict[str, float] = {}
 
     def _wrap(self, owner, attr: str, part: str) -> None:
         original = getattr(owner, attr)
-        had_instance_attr = attr in vars(owner)
 
         def timed(*args, **kwargs):
             start = time.perf_counter()
@@ -332,8 +333,7 @@ class StepTimer:
                 self._kind = "prefill" if out[1] else "decode"
             return out
 
-        self._saved.append((owner, attr, original, had_instance_attr))
-        setattr(owner, attr, timed)
+        self._patches.set(owner, attr, timed)
 
     def _step(self, original):
         def timed_step(*args, **kwargs):
@@ -355,21 +355,14 @@ class StepTimer:
             owner = getattr(self.llm, owner_name, None)
             if owner is not None and hasattr(owner, attr):
                 self._wrap(owner, attr, part)
-        self._saved.append((self.llm, "step", self.llm.step, "step" in vars(self.llm)))
-        self.llm.step = self._step(self.llm.step)
+        self._patches.set(self.llm, "step", self._step(self.llm.step))
         # one step at a time (generate() then calls step()): overlapping steps would blur whose time is
         # whose. The CPU parts measured so are the work that async scheduling hides behind the GPU's.
-        self._saved.append((self.llm.config, "async_scheduling", self.llm.config.async_scheduling, True))
-        self.llm.config.async_scheduling = False
+        self._patches.set(self.llm.config, "async_scheduling", False)
         return self
 
     def __exit__(self, *exc) -> None:
-        for owner, attr, original, had_instance_attr in reversed(self._saved):
-            if had_instance_attr:
-                setattr(owner, attr, original)
-            else:
-                delattr(owner, attr)  # the class's method shows through again
-        self._saved.clear()
+        self._patches.restore()
 
 # %% ../notebooks/10_benchmark.ipynb #0701eead
 def run_hf(model_path: str, workload: Workload, device: torch.device, batch_size: int | None = None) -> float:

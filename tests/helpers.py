@@ -73,3 +73,20 @@ def make_random_qwen3_checkpoint(path: str | Path, *, hidden_size: int = 64, num
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     return path
+
+
+def generate_counting_ahead(llm, prompts, params):
+    """llm.generate, also returning how many steps were launched ahead of the previous step's tokens."""
+    count = {"ahead": 0}
+    original = llm.scheduler.can_schedule_ahead
+
+    def counted():
+        ok = original()
+        count["ahead"] += ok
+        return ok
+
+    llm.scheduler.can_schedule_ahead = counted
+    try:
+        return llm.generate(prompts, params, use_tqdm=False), count["ahead"]
+    finally:
+        del llm.scheduler.can_schedule_ahead

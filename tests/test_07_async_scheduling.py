@@ -16,6 +16,8 @@ from nanovllm_edu.engine.prefix_cache import compute_block_hash, make_block_mana
 from nanovllm_edu.engine.scheduler import Scheduler
 from nanovllm_edu.engine.sequence import PENDING_TOKEN, Sequence
 
+from helpers import generate_counting_ahead
+
 EOS = 0
 
 
@@ -110,23 +112,6 @@ def test_a_block_is_published_only_once_its_tokens_are_known():
 PROMPTS = ["Return the", "This module provides a class that", "Raise ValueError if the given",
            "Create a new", "If the file does not exist, the function returns None and logs a warning; otherwise"]
 SMALL = dict(max_num_seqs=16, num_kvcache_blocks=64, kvcache_block_size=16)
-
-
-def generate_counting_ahead(llm, prompts, params):
-    """llm.generate, also returning how many steps were launched ahead of the previous step's tokens."""
-    count = {"ahead": 0}
-    original = llm.scheduler.can_schedule_ahead
-
-    def counted():
-        ok = original()
-        count["ahead"] += ok
-        return ok
-
-    llm.scheduler.can_schedule_ahead = counted
-    try:
-        return llm.generate(prompts, params, use_tqdm=False), count["ahead"]
-    finally:
-        del llm.scheduler.can_schedule_ahead
 
 
 @pytest.mark.parametrize("args", [{}, dict(max_num_batched_tokens=16), dict(num_kvcache_blocks=6)],

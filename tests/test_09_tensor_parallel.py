@@ -8,8 +8,8 @@ from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.engine.tp_worker import check_tp_devices
 
+from helpers import generate_counting_ahead
 from parity import engine_greedy, hf_greedy
-from test_07_async_scheduling import generate_counting_ahead
 
 PROMPTS = ["Return the", "This module provides a class that", "Raise ValueError if the given",
            "Create a new", "If the file does not exist, the function returns None and logs a warning; otherwise"]

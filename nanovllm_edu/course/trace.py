@@ -10,6 +10,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from ..utils.patching import InstancePatches
+
 
 @dataclass
 class StepRecord:
@@ -50,14 +52,14 @@ class EngineTrace:
     def __init__(self, llm, start: bool = True):
         self.llm = llm
         self.records: list[StepRecord] = []
-        self._saved: list[tuple[object, str, bool, object]] = []  # (owner, attr, had instance attr, original)
+        self._patches = InstancePatches()
         self._pending: dict | None = None  # what schedule() saw, for the step that called it
         if start:
             self.start()
 
     @property
     def active(self) -> bool:
-        return bool(self._saved)
+        return bool(self._patches)
 
     def start(self) -> "EngineTrace":
         """Install the wrappers (no-op if installed)."""
@@ -89,23 +91,14 @@ class EngineTrace:
                     num_running=len(scheduler.running), finished=[s.seq_id for s in out[0]], seconds=seconds))
             return out
 
-        self._set(scheduler, "schedule", traced_schedule)
-        self._set(self.llm, "step", traced_step)
-        self._set(self.llm.config, "async_scheduling", False)  # generate() then runs one step() at a time
+        self._patches.set(scheduler, "schedule", traced_schedule)
+        self._patches.set(self.llm, "step", traced_step)
+        self._patches.set(self.llm.config, "async_scheduling", False)  # generate() then runs one step() at a time
         return self
-
-    def _set(self, owner, attr: str, value) -> None:
-        self._saved.append((owner, attr, attr in vars(owner), getattr(owner, attr)))
-        setattr(owner, attr, value)
 
     def stop(self) -> None:
         """Put the engine's own methods back (no-op if not installed)."""
-        for owner, attr, had_instance_attr, original in reversed(self._saved):
-            if had_instance_attr:
-                setattr(owner, attr, original)  # someone else's wrapper was there first: restore it
-            else:
-                delattr(owner, attr)  # the class's method shows through again
-        self._saved.clear()
+        self._patches.restore()
 
     def __enter__(self) -> "EngineTrace":
         return self.start()
