@@ -29,8 +29,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from .utils.patching import InstancePatches
+from contextlib import contextmanager
+
+from .engine.observer import StepObserver
 
 # Measured on one H200 for the default workload (design notes); ranges are (low, high) over three runs.
 ANCHORS = {
@@ -295,74 +298,43 @@ def datasheet_bf16_flops(device: torch.device) -> float | None:
     return next((flops for key, flops in DATASHEET_BF16_FLOPS.items() if key in name), None)
 
 # %% ../notebooks/10_benchmark.ipynb #371c7dd9
-STAGES = {  # (object attribute on the engine, method) -> part of a step
-    ("scheduler", "schedule"): "schedule",
-    ("model_runner", "prepare_prefill"): "prepare",
-    ("model_runner", "prepare_decode"): "prepare",
-    ("model_runner", "prepare_sample"): "prepare",
-    ("model_runner", "run_model"): "forward",
-    ("model_runner", "sampler"): "sample",
-    ("model_runner", "token_ids"): "sample",
-    ("scheduler", "reserve"): "postprocess",
-    ("scheduler", "commit"): "postprocess",
-}
 PARTS = ("schedule", "prepare", "forward", "sample", "postprocess", "other")
 
 
-class StepTimer:
-    """Times the parts of every engine step on one engine instance (a context manager)."""
+class StepTimer(StepObserver):
+    """Times the parts of every engine step (an observer: `with llm.observe(StepTimer(llm)) as timer:`).
+    On a GPU the forward and sample parts end with a device sync, so each part is charged the GPU work it
+    launched; the engine runs one step at a time while observed, so the CPU parts measured here are the
+    work that async scheduling hides behind the GPU's."""
 
     def __init__(self, llm):
-        self.llm = llm
         self.sync = llm.model_runner.device.type == "cuda"
         self.totals = {kind: dict.fromkeys(PARTS, 0.0) | {"steps": 0, "seconds": 0.0} for kind in ("prefill", "decode")}
-        self._patches = InstancePatches()
-        self._kind = "decode"
         self._parts: dict[str, float] = {}
+        self._start = 0.0
 
-    def _wrap(self, owner, attr: str, part: str) -> None:
-        original = getattr(owner, attr)
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            out = original(*args, **kwargs)
-            if self.sync and part in ("forward", "sample"):
+    @contextmanager
+    def part(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync and name in ("forward", "sample"):
                 torch.cuda.synchronize()  # charge the GPU work to the part that launched it
-            self._parts[part] = self._parts.get(part, 0.0) + time.perf_counter() - start
-            if part == "schedule":
-                self._kind = "prefill" if out[1] else "decode"
-            return out
+            self._parts[name] = self._parts.get(name, 0.0) + time.perf_counter() - start
 
-        self._patches.set(owner, attr, timed)
+    def step_started(self, engine) -> None:
+        self._parts, self._start = {}, time.perf_counter()
 
-    def _step(self, original):
-        def timed_step(*args, **kwargs):
-            self._parts = {}
-            start = time.perf_counter()
-            out = original(*args, **kwargs)
-            seconds = time.perf_counter() - start
-            total = self.totals[self._kind]
-            total["steps"] += 1
-            total["seconds"] += seconds
-            for part, t in self._parts.items():
-                total[part] += t
-            total["other"] += seconds - sum(self._parts.values())
-            return out
-        return timed_step
+    def step_finished(self, engine, seqs, is_prefill, finished) -> None:
+        seconds = time.perf_counter() - self._start
+        total = self.totals["prefill" if is_prefill else "decode"]
+        total["steps"] += 1
+        total["seconds"] += seconds
+        for name, t in self._parts.items():
+            total[name] += t
+        total["other"] += seconds - sum(self._parts.values())
 
-    def __enter__(self) -> "StepTimer":
-        for (owner_name, attr), part in STAGES.items():
-            owner = getattr(self.llm, owner_name, None)
-            if owner is not None and hasattr(owner, attr):
-                self._wrap(owner, attr, part)
-        self._patches.set(self.llm, "step", self._step(self.llm.step))
-        # one step at a time (generate() then calls step()): overlapping steps would blur whose time is
-        # whose. The CPU parts measured so are the work that async scheduling hides behind the GPU's.
-        self._patches.set(self.llm.config, "async_scheduling", False)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._patches.restore()
 
 # %% ../notebooks/10_benchmark.ipynb #0701eead
 def run_hf(model_path: str, workload: Workload, device: torch.device, batch_size: int | None = None) -> float:
@@ -440,6 +412,52 @@ def time_generate(llm, workload: Workload) -> tuple[float, list[dict]]:
     return time.perf_counter() - start, outputs
 
 
+def _seconds_per_call(fn, iters: int, device: torch.device) -> float:
+    "Wall seconds per call of `fn`, after a warm-up call, with every rank starting together."
+    fn()
+    dist.all_reduce(torch.zeros(1, device=device))  # a barrier on this rank's own device
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters
+
+
+@torch.inference_mode()
+def time_collectives(runner, batch_sizes: list[int], iters: int = 20) -> dict[int, dict]:
+    """Seconds one decode step spends in collectives, per batch size (every rank must call this): the
+    `2 x layers + 1` all-reduces of [batch, hidden] and the gather of [batch, vocab / tp] logits on rank 0."""
+    cfg, device, dtype = runner.config.hf_config, runner.device, runner.dtype
+    num_all_reduces = 2 * cfg.num_hidden_layers + 1
+    shard = runner.model.lm_head.weight.shape[0]  # this rank's slice of the vocabulary
+    results = {}
+    for bs in batch_sizes:
+        hidden = torch.zeros(bs, cfg.hidden_size, dtype=dtype, device=device)
+
+        def all_reduces():
+            for _ in range(num_all_reduces):
+                dist.all_reduce(hidden)
+
+        run = all_reduces
+        if device.type == "cuda":  # as in decode: inside a CUDA graph
+            all_reduces()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                all_reduces()
+            run = graph.replay
+        logits = torch.zeros(bs, shard, dtype=dtype, device=device)
+        parts = [torch.empty_like(logits) for _ in range(runner.tp_size)] if runner.rank == 0 else None
+        results[bs] = {"all_reduce_seconds": _seconds_per_call(run, iters, device),
+                       "gather_seconds": _seconds_per_call(lambda: dist.gather(logits, parts, dst=0), iters, device),
+                       "num_all_reduces": num_all_reduces, "all_reduce_bytes": hidden.nbytes,
+                       "gather_bytes": logits.nbytes}
+        del run
+    return results
+
+
 COLLECTIVE_BATCH_SIZES = (1, 8, 32, 64, 128, 256)
 
 
@@ -456,7 +474,7 @@ def collective_fields(llm, workload: Workload) -> dict:
     runner = llm.model_runner
     top = min(llm.config.max_num_seqs, workload.num_seqs)  # the largest decode batch of the run
     sizes = sorted({bs for bs in COLLECTIVE_BATCH_SIZES if bs < top} | {top})
-    timings = runner.workers.time_collectives(runner, sizes)
+    timings = runner.workers.call(time_collectives, runner, sizes)
     per_step = [t["all_reduce_seconds"] + t["gather_seconds"] for t in timings.values()]
     steps = decode_batch_sizes(workload.max_tokens)
     return {"collectives_by_batch_size": {str(bs): t for bs, t in timings.items()},
@@ -506,7 +524,7 @@ def run_benchmark(model: str, workload: Workload, engine_args: dict, breakdown: 
         "throughput_tok_s": total / seconds,
         "backend": getattr(getattr(runner, "backend", None), "name", config.attention_backend),
         "enforce_eager": config.enforce_eager,
-        "cuda_graphs": getattr(runner, "graph_runner", None) is not None,  # eager and CPU runs have none
+        "cuda_graphs": getattr(runner, "graphs", None) is not None,  # eager and CPU runs have none
         "tensor_parallel_size": config.tensor_parallel_size,
         "engine_config": engine_config_dict(config) | {"num_kvcache_blocks": runner.num_kvcache_blocks},
         "model_shape": dataclasses.asdict(shape),
@@ -515,7 +533,7 @@ def run_benchmark(model: str, workload: Workload, engine_args: dict, breakdown: 
         # the prefix cache still holds the timed run's prompts and would shorten every prefill
         vocab = config.hf_config.vocab_size
         fresh = [[(t + 1) % vocab for t in prompt] for prompt in workload.prompts]
-        with StepTimer(llm) as timer:
+        with llm.observe(StepTimer(llm)) as timer:
             llm.generate(fresh, sampling_params_for(workload), use_tqdm=False)
         result["breakdown"] = timer.totals
     result |= workload_cost(shape, workload.prompt_lens, workload.max_tokens, config.max_num_batched_tokens)

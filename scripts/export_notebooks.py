@@ -2,6 +2,7 @@
 
     python scripts/export_notebooks.py            # write nanovllm_edu/ from notebooks/
     python scripts/export_notebooks.py --check    # fail if exporting would change any file
+    python scripts/export_notebooks.py --only 08_engine   # export the modules of one notebook only
 
 nbdev's own `nbdev-export` writes a notebook's `#| default_exp` module anew but *appends* cells sent to
 any other module with `#| export other.module`, so a stage notebook that owns several small modules
@@ -25,12 +26,20 @@ from nbdev.process import NBProcessor
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def export_all(root: Path) -> dict[str, Path]:
-    """Export every notebook under `root`'s nbs_path into its lib_path; return module file -> notebook."""
+def course_notebooks(nbs_path: Path) -> list[Path]:
+    """The course's notebooks in course order: numbered lessons, then appendices (A1_...)."""
+    return sorted(nb for nb in nbs_path.glob("*.ipynb") if nb.name[:1].isdigit() or nb.name[:1] == "A")
+
+
+def export_all(root: Path, only: str | None = None) -> dict[str, Path]:
+    """Export every notebook under `root`'s nbs_path (or the one whose name starts with `only`) into its
+    lib_path; return module file -> notebook."""
     cfg = get_config(root)
     lib_path = root / cfg.lib_path.name
     owners: dict[str, Path] = {}
-    for nb in sorted((root / cfg.nbs_path.name).glob("[0-9]*.ipynb")):
+    for nb in course_notebooks(root / cfg.nbs_path.name):
+        if only is not None and not nb.name.startswith(only):
+            continue
         exp = ExportModuleProc()
         NBProcessor(nb, [exp]).process()
         for mod, cells in exp.modules.items():
@@ -71,6 +80,7 @@ def check(root: Path) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="fail if exporting would change any file")
+    ap.add_argument("--only", metavar="NOTEBOOK", help="export only the notebook whose name starts with this")
     args = ap.parse_args()
     if args.check:
         changed = check(ROOT)
@@ -80,7 +90,7 @@ def main() -> None:
             sys.exit(1)
         print("notebooks and package are in sync")
     else:
-        owners = export_all(ROOT)
+        owners = export_all(ROOT, args.only)
         print(f"exported {len(owners)} modules from {len(set(owners.values()))} notebooks")
 
 

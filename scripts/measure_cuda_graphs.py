@@ -15,7 +15,7 @@ import torch
 
 from nanovllm_edu.bench import build_random_checkpoint, random_weights_config
 from nanovllm_edu.llm import LLM
-from nanovllm_edu.utils.context import reset_context, set_context
+from nanovllm_edu.engine.step_inputs import StepInputs
 
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
@@ -38,7 +38,7 @@ def median_ms(fn, repeats: int = 30, warmup: int = 5) -> float:
 @torch.inference_mode()
 def measure(llm: LLM, context: int) -> dict:
     runner = llm.model_runner
-    graphs = runner.graph_runner
+    graphs = runner.graphs
     assert graphs is not None, "the engine captured no CUDA graphs (enforce_eager, or a backend without capture)"
     device, block_size = runner.device, runner.block_size
     blocks_per_seq = math.ceil(context / block_size)
@@ -52,12 +52,9 @@ def measure(llm: LLM, context: int) -> dict:
         ids = torch.randint(0, vocab, (bs,), device=device)
         positions = torch.full((bs,), last, dtype=torch.int64, device=device)
         context_lens = torch.full((bs,), context, dtype=torch.int32, device=device)
-        set_context(False, slot_mapping=slots, context_lens=context_lens, block_tables=tables)
-        try:
-            eager_ms.append(median_ms(lambda: runner.model(ids, positions)))
-            graph_ms.append(median_ms(lambda: graphs.run(ids, positions)))
-        finally:
-            reset_context()
+        step = StepInputs(False, ids, positions, slots, block_tables=tables, context_lens=context_lens)
+        eager_ms.append(median_ms(lambda: runner.model(ids, positions, step)))
+        graph_ms.append(median_ms(lambda: graphs.run(step)))
         print(f"batch {bs:4d}: eager {eager_ms[-1]:7.3f} ms  graph {graph_ms[-1]:7.3f} ms  "
               f"x{eager_ms[-1] / graph_ms[-1]:.1f}", flush=True)
     return {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "context_len": context,

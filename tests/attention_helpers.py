@@ -2,6 +2,8 @@
 causal attention they must match."""
 import torch
 
+from nanovllm_edu.engine.step_inputs import StepInputs
+
 
 def reference_attention(q, k, v, scale):
     """Plain causal attention of one sequence whose queries are its last q.shape[0] tokens."""
@@ -50,3 +52,10 @@ class PagedSetup:
 
 def cu(lengths):
     return torch.tensor([0] + list(lengths)).cumsum(0).to(torch.int32)
+
+
+def attn_step(is_prefill=False, **fields):
+    """Step inputs carrying only what attention reads (the token fields are empty placeholders)."""
+    empty = torch.empty(0, dtype=torch.long)
+    slot_mapping = fields.pop("slot_mapping", empty)
+    return StepInputs(is_prefill, empty, empty, slot_mapping, **fields)

@@ -10,7 +10,9 @@ from helpers import make_random_hf_qwen3
 from transformers.models.qwen3 import modeling_qwen3 as hf_qwen3
 
 from nanovllm_edu.layers.activation import SiluAndMul
-from nanovllm_edu.layers.attention import Attention, causal_attention, plain_attention
+from nanovllm_edu.engine.step_inputs import StepInputs
+from nanovllm_edu.layers.attention import Attention, causal_attention
+from nanovllm_edu.layers.backends.base import PagedAttention, attach_kv_cache
 from nanovllm_edu.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from nanovllm_edu.layers.layernorm import RMSNorm
 from nanovllm_edu.layers.linear import (
@@ -29,7 +31,6 @@ from nanovllm_edu.models.qwen3 import (
     Qwen3ForCausalLM,
     Qwen3MLP,
 )
-from nanovllm_edu.utils.context import Context, get_context, reset_context, set_context
 from nanovllm_edu.utils.loader import load_weights
 
 torch.set_grad_enabled(False)
@@ -299,52 +300,56 @@ class RecordingBackend:
         return torch.full_like(q, 2.0)
 
 
+def _step(is_prefill, n, **kw):
+    return StepInputs(is_prefill, torch.zeros(n, dtype=torch.long), torch.arange(n), torch.arange(n), **kw)
+
+
 def test_attention_dispatches_to_backend():
-    layer = Attention(4, 8, 0.25, 2)
     q, k, v = torch.randn(5, 4, 8), torch.randn(5, 2, 8), torch.randn(5, 2, 8)
     backend = RecordingBackend()
-    layer.backend = backend
-    # a backend but no cache yet: plain causal attention, the backend is not called
+    layer = PagedAttention(Attention(4, 8, 0.25, 2), torch.zeros(2, 16, 2, 8), torch.zeros(2, 16, 2, 8), backend)
+    # no step inputs: plain causal attention, the backend is not called
     assert_close(layer(q, k, v), causal_attention(q, k, v, 0.25))
     assert backend.calls == []
-
-    layer.k_cache = layer.v_cache = torch.zeros(2, 16, 2, 8)
     slots = torch.arange(5)
-    try:
-        set_context(True, cu_seqlens_q=torch.tensor([0, 2, 5], dtype=torch.int32), slot_mapping=slots)
-        assert torch.equal(layer(q, k, v), torch.ones_like(q))
-        assert backend.calls[0] == ("store", 5, slots)
-        kind, ctx, scale = backend.calls[1]
-        assert kind == "prefill" and ctx is get_context() and scale == 0.25
-        set_context(False, slot_mapping=slots[:2], context_lens=torch.tensor([3, 4], dtype=torch.int32))
-        assert torch.equal(layer(q[:2], k[:2], v[:2]), torch.full_like(q[:2], 2.0))
-        assert [c[0] for c in backend.calls] == ["store", "prefill", "store", "decode"]
-    finally:
-        reset_context()
+    step = _step(True, 5, cu_seqlens_q=torch.tensor([0, 2, 5], dtype=torch.int32))
+    assert torch.equal(layer(q, k, v, step), torch.ones_like(q))
+    assert backend.calls[0][:2] == ("store", 5) and torch.equal(backend.calls[0][2], slots)
+    kind, got, scale = backend.calls[1]
+    assert kind == "prefill" and got is step and scale == 0.25
+    step = _step(False, 2, context_lens=torch.tensor([3, 4], dtype=torch.int32))
+    assert torch.equal(layer(q[:2], k[:2], v[:2], step), torch.full_like(q[:2], 2.0))
+    assert [c[0] for c in backend.calls] == ["store", "prefill", "store", "decode"]
 
 
-def test_plain_attention_context_manager_restores_backends():
-    model = torch.nn.ModuleList([Attention(2, 4, 0.5, 1), Attention(2, 4, 0.5, 1)])
-    backends = [RecordingBackend(), None]
-    for m, b in zip(model, backends):
-        m.backend = b
-    with plain_attention(model):
-        assert all(m.backend is None for m in model)
-    assert [m.backend for m in model] == backends
+def test_plain_attention_ignores_step_inputs():
+    "Notebook 02's attention treats the tokens as one sequence whatever the engine passes along."
+    q, k, v = torch.randn(5, 4, 8), torch.randn(5, 2, 8), torch.randn(5, 2, 8)
+    layer = Attention(4, 8, 0.25, 2)
+    assert_close(layer(q, k, v, _step(True, 5)), causal_attention(q, k, v, 0.25))
 
 
-def test_context_functions():
-    reset_context()
-    assert get_context() == Context()
-    cu = torch.tensor([0, 3], dtype=torch.int32)
-    set_context(True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=3, max_seqlen_k=3,
-                slot_mapping=torch.tensor([0, 1, 2]), context_lens=None, block_tables=None)
-    ctx = get_context()
-    assert ctx.is_prefill and ctx.cu_seqlens_q is cu and ctx.max_seqlen_k == 3
-    set_context(False)
-    assert get_context().is_prefill is False and get_context().cu_seqlens_q is None
-    reset_context()
-    assert get_context() == Context()
+def test_attach_kv_cache_swaps_every_attention_in_order():
+    model = torch.nn.ModuleList([torch.nn.ModuleDict({"attn": Attention(2, 4, 0.5, 1)}) for _ in range(3)])
+    cache = torch.randn(2, 3, 5, 16, 1, 4)
+    backend = RecordingBackend()
+    attached = attach_kv_cache(model, cache, backend)
+    assert [m["attn"] for m in model] == attached and all(a.backend is backend for a in attached)
+    assert all(a.k_cache.data_ptr() == cache[0, i].data_ptr() and a.v_cache.data_ptr() == cache[1, i].data_ptr()
+               for i, a in enumerate(attached))
+    with pytest.raises(ValueError, match="attention layers"):
+        attach_kv_cache(model, cache[:, :2], backend)
+
+
+def test_step_inputs_to_device_and_counts():
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    step = _step(True, 5, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=3, max_seqlen_k=3,
+                 logits_indices=torch.tensor([2, 4]))
+    assert step.num_seqs == 2 and step.num_sampled == 2
+    moved = step.to("cpu")
+    assert moved.cu_seqlens_q.dtype == torch.int32 and torch.equal(moved.cu_seqlens_q, cu) and moved.is_prefill
+    decode = _step(False, 3, context_lens=torch.tensor([4, 5, 6], dtype=torch.int32))
+    assert decode.num_seqs == 3 and decode.num_sampled == 3
 
 
 # ---- Qwen3 blocks ----

@@ -2,16 +2,18 @@
 against plain causal attention (prefill with and without a cached prefix, decode, GQA, block sizes 16/256)."""
 import pytest
 import torch
-from attention_helpers import PagedSetup, cu, reference_attention
+from attention_helpers import PagedSetup, cu, reference_attention, attn_step
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from nanovllm_edu.engine.block_manager import BlockManager
-from nanovllm_edu.engine.sequence import Sequence, SequenceStatus, check_block_size
-from nanovllm_edu.layers.attention_backends import AttentionBackend, TorchBackend, get_attention_backend
+from nanovllm_edu.config import check_block_size
+from nanovllm_edu.engine.sequence import Sequence, SequenceStatus
+from nanovllm_edu.layers.backends.base import AttentionBackend
+from nanovllm_edu.layers.backends.registry import get_attention_backend
+from nanovllm_edu.layers.backends.torch_backend import TorchBackend
 from nanovllm_edu.sampling_params import SamplingParams
-from nanovllm_edu.utils.context import Context
 
 torch.set_grad_enabled(False)
 
@@ -175,7 +177,7 @@ def test_prefill_without_prefix(block_size, heads, kv_heads):
     s = PagedSetup([37, 1, 16, 70], block_size, heads, kv_heads)
     backend = TorchBackend()
     slots = torch.tensor([x for i, n in enumerate(s.lengths) for x in s.slots(i, 0, n)])
-    ctx = Context(is_prefill=True, cu_seqlens_q=cu(s.lengths), cu_seqlens_k=cu(s.lengths),
+    ctx = attn_step(is_prefill=True, cu_seqlens_q=cu(s.lengths), cu_seqlens_k=cu(s.lengths),
                   max_seqlen_q=max(s.lengths), max_seqlen_k=max(s.lengths), slot_mapping=slots)
     k, v = torch.cat(s.k), torch.cat(s.v)
     backend.store_kvcache(k, v, s.k_cache, s.v_cache, slots)
@@ -198,7 +200,7 @@ def test_prefill_with_cached_prefix(block_size, heads, kv_heads):
                           torch.cat([v[:c] for v, c in zip(s.v, cached)]), s.k_cache, s.v_cache, pre)
     new = [n - c for n, c in zip(s.lengths, cached)]
     slots = torch.tensor([x for i, (c, n) in enumerate(zip(cached, s.lengths)) for x in s.slots(i, c, n)])
-    ctx = Context(is_prefill=True, cu_seqlens_q=cu(new), cu_seqlens_k=cu(s.lengths), max_seqlen_q=max(new),
+    ctx = attn_step(is_prefill=True, cu_seqlens_q=cu(new), cu_seqlens_k=cu(s.lengths), max_seqlen_q=max(new),
                   max_seqlen_k=max(s.lengths), slot_mapping=slots, block_tables=s.block_tables)
     q = torch.cat([x[c:] for x, c in zip(s.q, cached)])
     k = torch.cat([x[c:] for x, c in zip(s.k, cached)])
@@ -215,7 +217,7 @@ def test_decode(block_size, heads, kv_heads):
     s = PagedSetup(lengths, block_size, heads, kv_heads, seed=2)
     backend = TorchBackend()
     s.store_all(backend)
-    ctx = Context(is_prefill=False, context_lens=torch.tensor(lengths, dtype=torch.int32),
+    ctx = attn_step(is_prefill=False, context_lens=torch.tensor(lengths, dtype=torch.int32),
                   block_tables=s.block_tables,
                   slot_mapping=torch.tensor([s.slots(i, n - 1, n)[0] for i, n in enumerate(lengths)]))
     out = backend.decode(torch.stack([q[-1] for q in s.q]), s.k_cache, s.v_cache, ctx, s.scale)
@@ -224,7 +226,7 @@ def test_decode(block_size, heads, kv_heads):
 
 def test_single_sequence_prefill_fast_path():
     s = PagedSetup([50], 16, 4, 2)
-    ctx = Context(is_prefill=True, cu_seqlens_q=cu([50]), cu_seqlens_k=cu([50]), max_seqlen_q=50, max_seqlen_k=50)
+    ctx = attn_step(is_prefill=True, cu_seqlens_q=cu([50]), cu_seqlens_k=cu([50]), max_seqlen_q=50, max_seqlen_k=50)
     out = TorchBackend().prefill(s.q[0], s.k[0], s.v[0], s.k_cache, s.v_cache, ctx, s.scale)
     torch.testing.assert_close(out, s.expected[0], atol=2e-5, rtol=1e-4)
 
@@ -236,7 +238,7 @@ def test_plan_reused_across_layers_is_right_for_each_layer():
     # same block tables for both layers (one engine, one block manager)
     layers[1].tables, layers[1].block_tables = layers[0].tables, layers[0].block_tables
     backend = TorchBackend()
-    ctx = Context(is_prefill=False, context_lens=torch.tensor(lengths, dtype=torch.int32),
+    ctx = attn_step(is_prefill=False, context_lens=torch.tensor(lengths, dtype=torch.int32),
                   block_tables=layers[0].block_tables)
     for s in layers:
         s.store_all(backend)
@@ -245,7 +247,7 @@ def test_plan_reused_across_layers_is_right_for_each_layer():
         torch.testing.assert_close(out, torch.stack([e[-1] for e in s.expected]), atol=2e-5, rtol=1e-4)
     # a new step (new context object) with other lengths is not served the old plan
     short = [5, 3]
-    ctx2 = Context(is_prefill=False, context_lens=torch.tensor(short, dtype=torch.int32),
+    ctx2 = attn_step(is_prefill=False, context_lens=torch.tensor(short, dtype=torch.int32),
                    block_tables=layers[0].block_tables)
     s = layers[0]
     q = torch.stack([s.q[0][4], s.q[1][2]])
@@ -266,7 +268,7 @@ def test_random_chunked_prefill_matches_reference(seqs, block_size, heads):
     backend = TorchBackend()
     s.store_all(backend)
     new = [n for n, _ in seqs]
-    ctx = Context(is_prefill=True, cu_seqlens_q=cu(new), cu_seqlens_k=cu(lengths), max_seqlen_q=max(new),
+    ctx = attn_step(is_prefill=True, cu_seqlens_q=cu(new), cu_seqlens_k=cu(lengths), max_seqlen_q=max(new),
                   max_seqlen_k=max(lengths), block_tables=s.block_tables if any(cached) else None)
     q = torch.cat([x[c:] for x, c in zip(s.q, cached)])
     k = torch.cat([x[c:] for x, c in zip(s.k, cached)])
@@ -279,7 +281,7 @@ def test_bfloat16_decode_close_to_float32():
     s = PagedSetup([40, 7], 16, 4, 2)
     backend = TorchBackend()
     s.store_all(backend)
-    ctx = Context(is_prefill=False, context_lens=torch.tensor([40, 7], dtype=torch.int32), block_tables=s.block_tables)
+    ctx = attn_step(is_prefill=False, context_lens=torch.tensor([40, 7], dtype=torch.int32), block_tables=s.block_tables)
     q = torch.stack([x[-1] for x in s.q])
     out = TorchBackend().decode(q.bfloat16(), s.k_cache.bfloat16(), s.v_cache.bfloat16(), ctx, s.scale)
     assert out.dtype == torch.bfloat16

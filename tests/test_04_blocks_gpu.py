@@ -2,10 +2,11 @@
 the "auto" backend choice. No hypothesis needed, so these run on a bare GPU machine."""
 import pytest
 import torch
-from attention_helpers import PagedSetup, cu
+from attention_helpers import PagedSetup, cu, attn_step
 
-from nanovllm_edu.layers.attention_backends import AttentionBackend, TorchBackend, get_attention_backend
-from nanovllm_edu.utils.context import Context
+from nanovllm_edu.layers.backends.base import AttentionBackend
+from nanovllm_edu.layers.backends.registry import get_attention_backend
+from nanovllm_edu.layers.backends.torch_backend import TorchBackend
 
 torch.set_grad_enabled(False)
 
@@ -21,7 +22,7 @@ def test_torch_backend_on_gpu(dtype, tol, block_size):
     backend = TorchBackend()
     s.store_all(backend)
     new = [n - c for n, c in zip(lengths, cached)]
-    ctx = Context(is_prefill=True, cu_seqlens_q=cu(new).cuda(), cu_seqlens_k=cu(lengths).cuda(), max_seqlen_q=max(new),
+    ctx = attn_step(is_prefill=True, cu_seqlens_q=cu(new).cuda(), cu_seqlens_k=cu(lengths).cuda(), max_seqlen_q=max(new),
                   max_seqlen_k=max(lengths), block_tables=s.block_tables)
     q = torch.cat([x[c:] for x, c in zip(s.q, cached)])
     k = torch.cat([x[c:] for x, c in zip(s.k, cached)])
@@ -29,11 +30,11 @@ def test_torch_backend_on_gpu(dtype, tol, block_size):
     out = backend.prefill(q, k, v, s.k_cache, s.v_cache, ctx, s.scale)
     expected = torch.cat([e[c:] for e, c in zip(s.expected, cached)])
     torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
-    ctx = Context(is_prefill=True, cu_seqlens_q=cu(lengths).cuda(), cu_seqlens_k=cu(lengths).cuda(),
+    ctx = attn_step(is_prefill=True, cu_seqlens_q=cu(lengths).cuda(), cu_seqlens_k=cu(lengths).cuda(),
                   max_seqlen_q=max(lengths), max_seqlen_k=max(lengths))
     out = backend.prefill(torch.cat(s.q), torch.cat(s.k), torch.cat(s.v), s.k_cache, s.v_cache, ctx, s.scale)
     torch.testing.assert_close(out.float(), torch.cat(s.expected), atol=tol, rtol=tol)
-    ctx = Context(is_prefill=False, context_lens=torch.tensor(lengths, dtype=torch.int32, device="cuda"),
+    ctx = attn_step(is_prefill=False, context_lens=torch.tensor(lengths, dtype=torch.int32, device="cuda"),
                   block_tables=s.block_tables, max_seqlen_k=max(lengths))
     out = backend.decode(torch.stack([x[-1] for x in s.q]), s.k_cache, s.v_cache, ctx, s.scale)
     torch.testing.assert_close(out.float(), torch.stack([e[-1] for e in s.expected]), atol=tol, rtol=tol)

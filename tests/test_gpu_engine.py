@@ -7,7 +7,6 @@ from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.engine.sequence import Sequence
 from nanovllm_edu.models.qwen3 import Qwen3ForCausalLM
-from nanovllm_edu.utils.context import reset_context
 
 from helpers import make_random_qwen3_checkpoint
 from parity import engine_greedy, hf_greedy
@@ -95,9 +94,7 @@ def test_triton_and_torch_backends_agree_in_bf16(tmp_path):
         seq = Sequence(ids.tolist(), SamplingParams(temperature=0), 16)
         llm.block_manager.allocate(seq)
         seq.num_scheduled_tokens = seq.num_tokens
-        input_ids, positions, logits_index, _ = runner.prepare_prefill([seq])
-        try:
-            runs[backend] = runner.run_model(input_ids, positions, logits_index).float()
-        finally:
-            reset_context()
+        step = runner.device_inputs(runner.prepare_prefill([seq]))
+        with torch.inference_mode():
+            runs[backend] = runner.forward(step).float()
     assert (runs["triton"] - runs["torch"]).abs().max() <= BF16_LOGIT_TOL * runs["torch"].abs().max()

@@ -17,7 +17,7 @@ class EngineStepper:
     def __init__(self, llm, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None):
         self.llm = llm
         # the engine's own validation: every request is checked before any is queued
-        self.seqs = llm._make_batch(prompts, sampling_params or SamplingParams())
+        self.seqs = llm.make_requests(prompts, sampling_params or SamplingParams())
         self.names = {seq.seq_id: f"r{i}" for i, seq in enumerate(self.seqs)}
         for seq in self.seqs:
             llm.scheduler.add(seq)

@@ -27,7 +27,7 @@ def stream(llm, prompts, sampling_params: SamplingParams | list[SamplingParams] 
     Every request is validated here, before anything is queued or run; the requests are queued when
     iteration starts. Stopping before they all finish (break, close, an error) calls `llm.abort_all()`,
     which drops everything queued on the engine and frees every block."""
-    seqs = llm._make_batch(prompts, sampling_params or SamplingParams())
+    seqs = llm.make_requests(prompts, sampling_params or SamplingParams())
     return _events(llm, seqs)
 
 
@@ -47,7 +47,7 @@ def _events(llm, seqs) -> Iterator[StreamEvent]:
                     sent_tokens[seq.seq_id] += 1
                     last = seq.is_finished and k == len(new) - 1
                     if last:
-                        text = llm._result(seq)["text"]  # exactly generate's text
+                        text = llm.result(seq)["text"]  # exactly generate's text
                     elif tokenizer is not None:
                         # decode the whole completion (a token alone may be half a character); hold back
                         # a trailing replacement character until the next token completes it

@@ -6,7 +6,8 @@ __all__ = ['Block', 'BlockManager']
 # %% ../../notebooks/04_paged_blocks.ipynb #3752c120
 from collections import deque
 
-from .sequence import Sequence, check_block_size
+from ..config import check_block_size
+from .sequence import Sequence
 
 
 class Block:
@@ -15,7 +16,7 @@ class Block:
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0            # sequences whose block table lists this block
-        self.hash = -1                # prefix hash of its content once full (notebook 05); -1: none
+        self.hash = -1                # prefix hash of its content once full (notebook 06); -1: none
         self.token_ids: list[int] = []  # the tokens whose KV it holds (to verify a hash hit)
 
     def __repr__(self) -> str:

@@ -48,17 +48,23 @@ class PrefixCachingBlockManager(BlockManager):
         block.hash, block.token_ids = block_hash, list(token_ids)
         self.hash_to_block_id[block_hash] = block.block_id
 
-    def _match_prefix(self, seq: Sequence) -> list[int]:
-        """Ids of cached blocks holding `seq`'s leading full blocks (never its last token)."""
-        hits, h = [], -1
+    def lookup(self, seq: Sequence) -> list[tuple[int, int]]:
+        """(chained hash, cached block id) of each full block of `seq` before its last token, in order;
+        the block id is -1 from the first miss on (a miss, or a hash collision the stored tokens expose)."""
+        out, h, missed = [], -1, False
         for i in range((seq.num_tokens - 1) // self.block_size):
             token_ids = seq.block(i)
             h = compute_block_hash(token_ids, h)
-            block_id = self.hash_to_block_id.get(h, -1)
-            if block_id == -1 or self.blocks[block_id].token_ids != token_ids:  # miss, or a hash collision
-                break
-            hits.append(block_id)
-        return hits
+            block_id = -1 if missed else self.hash_to_block_id.get(h, -1)
+            if block_id != -1 and self.blocks[block_id].token_ids != token_ids:
+                block_id = -1
+            missed = block_id == -1
+            out.append((h, block_id))
+        return out
+
+    def _match_prefix(self, seq: Sequence) -> list[int]:
+        """Ids of cached blocks holding `seq`'s leading full blocks (never its last token)."""
+        return [block_id for _, block_id in self.lookup(seq) if block_id != -1]
 
     def can_allocate(self, seq: Sequence) -> bool:
         # Hits on blocks other sequences hold cost nothing; hits on free blocks still take one from the pool.
@@ -98,8 +104,11 @@ class PrefixCachingBlockManager(BlockManager):
     def may_append(self, seq: Sequence) -> None:
         """Room for the newest token; once decoding fills a block, publish its hash."""
         super().may_append(seq)
-        # blocks 0..last_full are full of known tokens (a block ending in a placeholder waits a step)
-        last_full = (seq.num_tokens - seq.num_pending_tokens) // self.block_size - 1
+        self.publish_full_blocks(seq, seq.num_tokens)
+
+    def publish_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Publish the hashes of the blocks of `seq` that its first `num_tokens` tokens fill."""
+        last_full = num_tokens // self.block_size - 1
         # Walk back to the newest hashed block (normally 0 or 1 step), then publish forwards.
         first = last_full
         while first >= 0 and self.blocks[seq.block_table[first]].hash == -1:

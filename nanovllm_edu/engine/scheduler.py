@@ -5,7 +5,6 @@ __all__ = ['Scheduler']
 
 # %% ../../notebooks/06_scheduler.ipynb #9f4e9a35
 from collections import deque
-from itertools import islice
 
 from ..config import Config
 from .block_manager import BlockManager
@@ -133,61 +132,32 @@ class Scheduler:
                 f"{need}, {bm.num_free_blocks} of {bm.num_blocks} blocks are free. Blocks are held outside the "
                 f"scheduler, or a request was added without check_can_fit; raise num_kvcache_blocks")
 
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> None:
-        """Advance `seqs` after a step: append sampled tokens and finish sequences that are done
-        (`reserve` then `commit`; an engine that overlaps steps calls them apart, notebook 07)."""
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
+        """Advance `seqs` after a step: count the computed tokens, append each sampled token (one per sequence
+        whose prompt is complete; `token_ids` may also hold one entry per scheduled sequence), and finish the
+        sequences that sampled EOS ("stop") or reached max_tokens or max_model_len ("length").
+        Returns the sequences this step finished."""
         done = [seq.num_computed_tokens + seq.num_scheduled_tokens >= seq.num_tokens for seq in seqs]
         if len(token_ids) == len(seqs):  # one entry per sequence: drop those of mid-prefill ones
             token_ids = [t for t, d in zip(token_ids, done) if d]
         if len(token_ids) != sum(done):
             raise ValueError(f"postprocess got {len(token_ids)} tokens for {sum(done)} sequences that completed "
                              f"their prefill or decoded ({len(seqs)} scheduled)")
-        self.commit(self.reserve(seqs), token_ids)
-
-    def reserve(self, seqs: list[Sequence]) -> list[tuple[Sequence, int]]:
-        """The part of postprocess that needs no token id, done as soon as the step is launched: advance
-        `num_computed_tokens`, give each sequence that gets a token a placeholder for it, finish those that
-        reach max_tokens or max_model_len. Returns (sequence, placeholder index) pairs for `commit`."""
-        pending = []
+        tokens, finished = iter(token_ids), []
         for seq in seqs:
             seq.num_computed_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
             if seq.num_computed_tokens < seq.num_tokens:  # mid-way through a chunked prefill: no token yet
                 continue
-            pending.append((seq, seq.append_placeholder()))
-            if seq.num_completion_tokens >= seq.sampling_params.max_tokens or seq.num_tokens >= self.max_model_len:
-                self._finish(seq, "length")
-        return pending
-
-    def commit(self, pending: list[tuple[Sequence, int]], token_ids: list[int]) -> list[Sequence]:
-        """Write the sampled ids into their placeholders; an EOS stops its sequence there (`"stop"`, also
-        over a `"length"` finish planned for a later token). Returns the sequences this step finished."""
-        if len(token_ids) != len(pending):
-            raise ValueError(f"commit got {len(token_ids)} tokens for {len(pending)} placeholders")
-        finished = []
-        for (seq, index), token in zip(pending, token_ids):
-            if index >= seq.num_tokens:  # the sequence stopped at an earlier EOS: this token is void
-                continue
-            seq.fill_token(index, token)
+            token = next(tokens)
+            seq.append_token(token)
             if token == self.eos and not seq.sampling_params.ignore_eos:
-                seq.stop_at(index)
-                if seq.is_finished:
-                    seq.finish_reason = "stop"
-                else:
-                    self._finish(seq, "stop")
-            if seq.is_finished and index == seq.num_tokens - 1:
+                self._finish(seq, "stop")
+            elif seq.num_completion_tokens >= seq.sampling_params.max_tokens or seq.num_tokens >= self.max_model_len:
+                self._finish(seq, "length")
+            if seq.is_finished:
                 finished.append(seq)
         return finished
-
-    def can_schedule_ahead(self) -> bool:
-        """Whether the next step can be planned before the tokens of the one in flight are known: a decode
-        of the running sequences that admits no one (no one waits, no prompt is half prefilled) and needs
-        no preemption (free blocks cover every new block it takes)."""
-        if self.waiting or self.prefilling is not None or not self.running:
-            return False
-        bm = self.block_manager
-        limit = min(self.max_num_seqs, self.max_num_batched_tokens)
-        return sum(bm.num_missing_blocks(seq) for seq in islice(self.running, limit)) <= bm.num_free_blocks
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.status = SequenceStatus.FINISHED

@@ -43,6 +43,9 @@ class RotaryEmbedding(nn.Module):
         "Rotate q [T, heads, d] and k [T, kv_heads, d]; token t sits at `positions[t]`."
         return rotate_qk(positions, q, k, self.cos_sin_cache)
 
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, max_position={self.max_position}, base={self.base:g}"
+
 
 @fused_on_cuda
 def rotate_qk(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -50,6 +53,3 @@ def rotate_qk(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     "Look up each token's cos/sin row and rotate q and k: one fused kernel on a GPU."
     cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
     return apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
-
-    def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, max_position={self.max_position}, base={self.base:g}"

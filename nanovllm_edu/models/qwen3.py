@@ -8,13 +8,14 @@ __all__ = ['PACKED_MODULES_MAPPING', 'head_dim_of', 'make_rope', 'Qwen3Attention
 
 # %% ../../notebooks/02_qwen3_model.ipynb #7b978205
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import AutoConfig
 
 from ..layers.activation import SiluAndMul
-from ..layers.attention import Attention, plain_attention
+from ..layers.attention import Attention
 from ..layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from ..layers.layernorm import RMSNorm
 from ..layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -63,13 +64,13 @@ class Qwen3Attention(nn.Module):
         self.rotary_emb = rotary_emb if rotary_emb is not None else make_rope(hf_config)
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, step: Any = None) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
         k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v).flatten(1))
+        return self.o_proj(self.attn(q, k, v, step).flatten(1))
 
 
 class Qwen3MLP(nn.Module):
@@ -100,13 +101,13 @@ class Qwen3DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
+                step: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:  # first layer: the embeddings are the residual stream
             residual, hidden_states = hidden_states, self.input_layernorm(hidden_states)
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states = self.self_attn(positions, hidden_states, step)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 
@@ -123,10 +124,10 @@ class Qwen3Model(nn.Module):
                                     for _ in range(hf_config.num_hidden_layers))
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: Any = None) -> torch.Tensor:
         hidden_states, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, residual)
+            hidden_states, residual = layer(positions, hidden_states, residual, step)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -145,9 +146,10 @@ class Qwen3ForCausalLM(nn.Module):
             # the same Parameter object: stays shared through .to(), and loads once
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        "input_ids, positions [T] (all sequences of the step, flattened) -> hidden states [T, hidden]."
-        return self.model(input_ids, positions)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: Any = None) -> torch.Tensor:
+        """input_ids, positions [T] -> hidden states [T, hidden]. Without `step` the tokens are one sequence
+        (plain causal attention); the engine passes its step inputs (notebook 04) for a batch of many."""
+        return self.model(input_ids, positions, step)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         "hidden [N, hidden] -> logits [N, vocab] (None on ranks other than 0 under tensor parallelism)."
@@ -160,8 +162,7 @@ class Qwen3ForCausalLM(nn.Module):
             raise ValueError(f"logits() takes one sequence of shape [T], got {tuple(input_ids.shape)}")
         device = self.lm_head.weight.device
         input_ids = input_ids.to(device)
-        with plain_attention(self):
-            hidden = self(input_ids, torch.arange(len(input_ids), device=device))
+        hidden = self(input_ids, torch.arange(len(input_ids), device=device))  # no step: plain attention
         return self.compute_logits(hidden)
 
     @classmethod

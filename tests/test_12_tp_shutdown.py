@@ -55,10 +55,10 @@ def test_exit_then_a_new_engine_and_a_driver_exception():
     llm = LLM(tiny_model_path(), tensor_parallel_size=2, **SETTINGS)
     pids = llm.model_runner.workers.pids
 
-    def broken(seqs, is_prefill):
+    def broken(step):
         raise ValueError("driver bug")
 
-    llm.model_runner.launch_local = broken
+    llm.model_runner.forward = broken  # rank 0's forward pass, after the workers got the step
     start = time.monotonic()
     with pytest.raises(ValueError, match="driver bug"):
         llm.generate(PROMPTS, GREEDY, use_tqdm=False)

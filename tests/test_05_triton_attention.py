@@ -8,11 +8,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from nanovllm_edu.kernels.paged_attention import (TritonBackend, decode_num_splits, paged_decode,
+from attention_helpers import attn_step
+from nanovllm_edu.layers.backends.triton_backend import TritonBackend
+from nanovllm_edu.kernels.paged_attention import (decode_num_splits, paged_decode,
                                                   varlen_prefill)
 from nanovllm_edu.kernels.store_kvcache import store_kvcache_torch
-from nanovllm_edu.layers.attention_backends import AttentionBackend, TorchBackend
-from nanovllm_edu.utils.context import Context
+from nanovllm_edu.layers.backends.base import AttentionBackend
+from nanovllm_edu.layers.backends.torch_backend import TorchBackend
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the small cases run compiled on a GPU machine
 gpu = pytest.mark.gpu
@@ -72,7 +74,7 @@ def prefill_case(q_lens, prefixes, block_size, heads, kv_heads, head_dim, dtype,
     store_kvcache_torch(k, v, k_cache, v_cache, slots)
     cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     paged = any(prefixes)
-    ctx = Context(is_prefill=True, cu_seqlens_q=cu(q_lens), cu_seqlens_k=cu(ctx_lens), max_seqlen_q=max(q_lens),
+    ctx = attn_step(is_prefill=True, cu_seqlens_q=cu(q_lens), cu_seqlens_k=cu(ctx_lens), max_seqlen_q=max(q_lens),
                   max_seqlen_k=max(ctx_lens), slot_mapping=slots, block_tables=tables if paged else None)
     return q, k, v, k_cache, v_cache, ctx, ctx_lens
 
@@ -153,7 +155,7 @@ def test_backend_matches_torch_backend():
     torch.testing.assert_close(backend.prefill(q, k, v, k_cache, v_cache, ctx, 0.2),
                                TorchBackend().prefill(q, k, v, k_cache, v_cache, ctx, 0.2), atol=1e-4, rtol=0)
     # decode
-    dctx = Context(is_prefill=False, context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=DEV),
+    dctx = attn_step(is_prefill=False, context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=DEV),
                    block_tables=ctx.block_tables, max_seqlen_k=max(ctx_lens))
     q1 = torch.randn(2, 4, 32, device=DEV)
     torch.testing.assert_close(backend.decode(q1, k_cache, v_cache, dctx, 0.2),
@@ -223,7 +225,7 @@ def test_gpu_decode_cuda_graph_replay_with_new_lengths():
     assert tables.shape[1] == width
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = TritonBackend().decode(q, k_cache, v_cache, Context(context_lens=lens, block_tables=tables), 0.088)
+        out = TritonBackend().decode(q, k_cache, v_cache, attn_step(context_lens=lens, block_tables=tables), 0.088)
     for new_lens in ([2999, 11, 1, 400], [1, 4096, 17, 2048]):
         lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
         q.normal_()

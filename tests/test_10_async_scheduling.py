@@ -1,4 +1,4 @@
-"""Async scheduling (notebook 07): step N+1 is planned and launched before step N's tokens are known.
+"""Async scheduling (notebook 10): step N+1 is planned and launched before step N's tokens are known.
 It must never change what is generated: the scheduler driven one step ahead (with EOS stops, length limits,
 preemption, prefix caching) ends exactly where the synchronous scheduler does, and the engine's outputs are
 the same with async scheduling on and off."""
@@ -12,18 +12,36 @@ from hypothesis import strategies as st
 
 from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
+from nanovllm_edu.engine.async_scheduling import (PENDING_TOKEN, AsyncPrefixCachingBlockManager, AsyncScheduler,
+                                                  append_placeholder, fill_placeholder, num_pending_tokens)
+from nanovllm_edu.engine.block_manager import BlockManager
 from nanovllm_edu.engine.prefix_cache import compute_block_hash, make_block_manager
 from nanovllm_edu.engine.scheduler import Scheduler
-from nanovllm_edu.engine.sequence import PENDING_TOKEN, Sequence
+from nanovllm_edu.engine.sequence import Sequence
 
 from helpers import generate_counting_ahead
 
 EOS = 0
 
 
-def make_scheduler(num_blocks, block_size=16, caching=True, **cfg):
+def make_scheduler(num_blocks, block_size=16, caching=True, sync=False, **cfg):
+    """The async engine's scheduler and block manager, or (sync=True) notebook 07's, which steps one at a time."""
     fields = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 256, "eos": EOS} | cfg
-    return Scheduler(SimpleNamespace(**fields), make_block_manager(num_blocks, block_size, caching))
+    if sync:
+        return Scheduler(SimpleNamespace(**fields), make_block_manager(num_blocks, block_size, caching))
+    bm = AsyncPrefixCachingBlockManager(num_blocks, block_size) if caching else BlockManager(num_blocks, block_size)
+    return AsyncScheduler(SimpleNamespace(**fields), bm)
+
+
+def drive_sync(sched: Scheduler) -> None:
+    """Notebook 07's loop: schedule, then postprocess with the step's tokens."""
+    for _ in range(100_000):
+        if sched.is_finished():
+            return
+        seqs, _ = sched.schedule()
+        sampled = [seq for seq in seqs if seq.num_computed_tokens + seq.num_scheduled_tokens == seq.num_tokens]
+        sched.postprocess(seqs, [fake_token(seq, seq.num_tokens) for seq in sampled])
+    raise AssertionError("runaway loop")
 
 
 def fake_token(seq: Sequence, index: int) -> int:
@@ -32,7 +50,7 @@ def fake_token(seq: Sequence, index: int) -> int:
     return EOS if h % 12 == 0 else 1 + h % 40
 
 
-def drive(sched: Scheduler, ahead: bool) -> int:
+def drive(sched: AsyncScheduler, ahead: bool) -> int:
     """Run the scheduler to the end like LLMEngine.generate; returns how many steps were planned ahead."""
     inflight, num_ahead = None, 0
     for _ in range(100_000):
@@ -63,23 +81,27 @@ def requests(rng: random.Random, n: int, shared_prefix: list[int]) -> list[Seque
        max_num_seqs=st.sampled_from([1, 3, 8]), caching=st.booleans(), budget=st.sampled_from([16, 64]))
 def test_scheduling_ahead_never_changes_the_outcome(seed, n, num_blocks, max_num_seqs, caching, budget):
     outcomes = []
-    for ahead in (False, True):
+    for mode in ("sync", "lockstep", "ahead"):
         rng = random.Random(seed)
         shared = [rng.randrange(1, 50) for _ in range(20)]
-        sched = make_scheduler(num_blocks, caching=caching, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+        sched = make_scheduler(num_blocks, caching=caching, sync=mode == "sync", max_num_seqs=max_num_seqs,
+                               max_num_batched_tokens=budget)
         seqs = requests(rng, n, shared)
         for seq in seqs:
             sched.add(seq)  # each fits the smallest cache alone: 8 blocks of 16 > 59 + 59 tokens
-        drive(sched, ahead)
+        if mode == "sync":
+            drive_sync(sched)
+        else:
+            drive(sched, ahead=mode == "ahead")
         bm = sched.block_manager
         assert bm.num_free_blocks == bm.num_blocks, "a block leaked"
         for seq in seqs:
-            assert PENDING_TOKEN not in seq.token_ids and seq.num_pending_tokens == 0
+            assert PENDING_TOKEN not in seq.token_ids and num_pending_tokens(seq) == 0
             assert seq.num_completion_tokens <= seq.sampling_params.max_tokens
         for block in bm.blocks:  # every published hash is over real tokens
             assert PENDING_TOKEN not in block.token_ids
         outcomes.append([(s.token_ids, s.finish_reason, s.num_cached_tokens) for s in seqs])
-    assert outcomes[0] == outcomes[1]
+    assert outcomes[0] == outcomes[1] == outcomes[2]
 
 
 def test_scheduling_ahead_happens_and_eos_overrides_a_planned_length_stop():
@@ -89,7 +111,7 @@ def test_scheduling_ahead_happens_and_eos_overrides_a_planned_length_stop():
     first = sched.reserve(sched.schedule()[0])  # prefill: samples completion token 1
     assert sched.can_schedule_ahead()
     second = sched.reserve(sched.schedule()[0])  # decode planned ahead: its token 2 is the last (max_tokens=2)
-    assert seq.is_finished and seq.finish_reason == "length" and seq.num_pending_tokens == 2
+    assert seq.is_finished and seq.finish_reason == "length" and num_pending_tokens(seq) == 2
     assert sched.commit(first, [EOS]) == [seq]  # ... but token 1 was EOS: the sequence stops there
     assert seq.finish_reason == "stop" and seq.completion_token_ids == [EOS]
     assert sched.commit(second, [9]) == []  # the planned token is void
@@ -97,14 +119,14 @@ def test_scheduling_ahead_happens_and_eos_overrides_a_planned_length_stop():
 
 
 def test_a_block_is_published_only_once_its_tokens_are_known():
-    bm = make_block_manager(8, 16, True)
+    bm = AsyncPrefixCachingBlockManager(8, 16)
     seq = Sequence(list(range(1, 16)), SamplingParams(), 16)  # 15 tokens: one short of a full block
     bm.allocate(seq)
-    index = seq.append_placeholder()  # the 16th token is still on the GPU
+    index = append_placeholder(seq)  # the 16th token is still on the GPU
     bm.may_append(seq)
     assert bm.blocks[seq.block_table[0]].hash == -1
-    seq.fill_token(index, 42)
-    seq.append_placeholder()
+    fill_placeholder(seq, index, 42)
+    append_placeholder(seq)
     bm.may_append(seq)  # the next step publishes it, with the real token
     assert bm.blocks[seq.block_table[0]].hash == compute_block_hash(list(range(1, 16)) + [42])
 

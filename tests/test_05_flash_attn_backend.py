@@ -7,8 +7,8 @@ import types
 import pytest
 import torch
 
-from nanovllm_edu.layers.attention_backends import get_attention_backend
-from nanovllm_edu.utils.context import Context
+from attention_helpers import attn_step
+from nanovllm_edu.layers.backends.registry import get_attention_backend
 
 
 @pytest.fixture
@@ -54,21 +54,21 @@ def test_prefill_and_decode_arguments(flash_calls):
     q, k, v = torch.randn(7, 4, 16), torch.randn(7, 2, 16), torch.randn(7, 2, 16)
     k_cache, v_cache = torch.zeros(3, 256, 2, 16), torch.zeros(3, 256, 2, 16)
     cu_q = torch.tensor([0, 3, 7], dtype=torch.int32)
-    ctx = Context(is_prefill=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_q, max_seqlen_q=4, max_seqlen_k=4)
+    ctx = attn_step(is_prefill=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_q, max_seqlen_q=4, max_seqlen_k=4)
     out = backend.prefill(q, k, v, k_cache, v_cache, ctx, 0.25)
     got_q, got_k, _, kwargs = flash_calls["varlen"]
     assert got_k is k and kwargs["block_table"] is None and kwargs["causal"] and kwargs["softmax_scale"] == 0.25
     assert out.shape == q.shape
 
     tables = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32)
-    ctx = Context(is_prefill=True, cu_seqlens_q=cu_q, cu_seqlens_k=torch.tensor([0, 300, 304], dtype=torch.int32),
+    ctx = attn_step(is_prefill=True, cu_seqlens_q=cu_q, cu_seqlens_k=torch.tensor([0, 300, 304], dtype=torch.int32),
                   max_seqlen_q=4, max_seqlen_k=300, block_tables=tables)
     backend.prefill(q, k, v, k_cache, v_cache, ctx, 0.25)
     _, got_k, got_v, kwargs = flash_calls["varlen"]
     assert got_k is k_cache and got_v is v_cache and kwargs["block_table"] is tables and kwargs["max_seqlen_k"] == 300
 
     lens = torch.tensor([300, 4], dtype=torch.int32)
-    out = backend.decode(torch.randn(2, 4, 16), k_cache, v_cache, Context(context_lens=lens, block_tables=tables), 0.25)
+    out = backend.decode(torch.randn(2, 4, 16), k_cache, v_cache, attn_step(context_lens=lens, block_tables=tables), 0.25)
     got_q, _, _, kwargs = flash_calls["kvcache"]
     assert got_q.shape == (2, 1, 4, 16) and kwargs["cache_seqlens"] is lens and kwargs["block_table"] is tables
     assert out.shape == (2, 4, 16) and torch.all(out == 2.0)
