@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../notebooks/00_setup.ipynb #0ad32dd6
+# %% ../notebooks/00_setup.ipynb #23550efb
 """nanovllm-edu: a course that builds a vLLM-class inference engine for Qwen3, and the engine itself."""
 from .utils import device as _device  # sets TRITON_INTERPRET before any kernel is defined
 

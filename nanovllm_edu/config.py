@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['SUPPORTED_MODEL_TYPES', 'ATTENTION_BACKENDS', 'check_model_folder', 'check_block_size', 'Config']
 
-# %% ../notebooks/01_tokenizer.ipynb #aec641d3
+# %% ../notebooks/01_tokenizer.ipynb #18e06ce4
 import json
 import os
 from dataclasses import dataclass
@@ -33,7 +33,7 @@ def check_model_folder(model: str | os.PathLike) -> dict:
                          f"model_type {' or '.join(map(repr, SUPPORTED_MODEL_TYPES))} (Qwen3 dense models)")
     return raw
 
-
+# %% ../notebooks/01_tokenizer.ipynb #30c08f17
 def check_block_size(block_size: int) -> int:
     """Return `block_size` if it is a power of two >= 16 (a KV-cache block's token count), else raise."""
     if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
@@ -41,7 +41,7 @@ def check_block_size(block_size: int) -> int:
                          f"got {block_size!r}")
     return block_size
 
-
+# %% ../notebooks/01_tokenizer.ipynb #9c787663
 @dataclass
 class Config:
     """Engine settings; validated on construction so bad values fail before any work starts."""

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['SamplingParams']
 
-# %% ../notebooks/01_tokenizer.ipynb #05a01770
+# %% ../notebooks/01_tokenizer.ipynb #fc8b9eb2
 import math
 from dataclasses import dataclass
 

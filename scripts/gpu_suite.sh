@@ -14,6 +14,12 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export NANOVLLM_EDU_TP_TIMEOUT="${NANOVLLM_EDU_TP_TIMEOUT:-120}"  # a stuck collective fails in 2 minutes
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
+# fastcore (pure Python, a dependency of the package) may be missing on the GPU machine, which has no network:
+# carry its wheel in .whl/ (pip download fastcore --no-deps -d .whl) and it is unpacked onto the path here
+if ! python3 -c "import fastcore" 2>/dev/null; then
+  python3 -c "import glob, zipfile; [zipfile.ZipFile(w).extractall('.whl/site') for w in glob.glob('.whl/fastcore-*.whl')]"
+  export PYTHONPATH="$PWD/.whl/site:$PYTHONPATH"
+fi
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(bench tp sync tests eager graphs)
 status=0

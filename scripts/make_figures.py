@@ -3,7 +3,7 @@
     python scripts/make_figures.py                  # all of them
     python scripts/make_figures.py trace_tiny_cpu   # only the named ones
 
-- trace_tiny_cpu: runs the small-cache workload of notebook 12 on the shipped tiny model (CPU, greedy,
+- trace_tiny_cpu: runs the small-cache workload of notebook 09 on the shipped tiny model (CPU, greedy,
   deterministic) and writes figures/trace_tiny_cpu.json (the trace, without wall times) and .png.
 - cuda_graphs: redraws figures/cuda_graphs.png from the committed H200 measurements in
   figures/cuda_graphs.json (re-measuring them needs a GPU: scripts/gpu_suite.sh).
@@ -68,7 +68,7 @@ def cuda_graphs() -> list[Path]:
 
 def tp_scaling() -> list[Path]:
     """Tensor-parallel scaling and the collectives' cost per step, from the committed GPU benchmark records."""
-    from nanovllm_edu.course.bench_plots import load_records, plot_tp_scaling, scaling_runs
+    from nanovllm_edu.bench.plots import load_records, plot_tp_scaling, scaling_runs
 
     records = load_records(FIGURES)
     if len(scaling_runs(records)) < 2:

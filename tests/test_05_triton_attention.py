@@ -1,4 +1,4 @@
-"""Notebook 04b: Triton paged attention (decode with flash-decoding, varlen prefill) against a torch reference.
+"""Notebook 05: Triton paged attention (decode with flash-decoding, varlen prefill) against a torch reference.
 
 On CPU the kernels run in Triton's interpreter, so these cases are tiny; the `gpu` tests cover real shapes.
 """

@@ -1,4 +1,4 @@
-"""Notebook 05: the prefix-caching block manager: chained hashes, hits, ref counts, revival of freed blocks,
+"""Notebook 06: the prefix-caching block manager: chained hashes, hits, ref counts, revival of freed blocks,
 eviction, token verification, the last-token rule, completion sharing and a property-based model check that
 no sequence ever reads KV written for other tokens."""
 import pytest

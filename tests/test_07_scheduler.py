@@ -1,4 +1,4 @@
-"""Notebook 06: the scheduler with a fake model (random tokens): budgets, chunked prefill order, preemption
+"""Notebook 07: the scheduler with a fake model (random tokens): budgets, chunked prefill order, preemption
 to the front of the queue with recompute, finishing rules, unfittable requests and no infinite loops."""
 import random
 from types import SimpleNamespace

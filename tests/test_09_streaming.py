@@ -1,4 +1,4 @@
-"""Notebook 12: `stream` yields generate's tokens and text, validates up front, and aborts cleanly."""
+"""Notebook 09: `stream` yields generate's tokens and text, validates up front, and aborts cleanly."""
 import gc
 
 import pytest

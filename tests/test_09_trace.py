@@ -1,4 +1,4 @@
-"""Notebook 12: the engine trace is opt-in, restores the engine, and records what each step did."""
+"""Notebook 09: the engine trace is an opt-in observer, leaves the engine as it was, and records what each step did."""
 import importlib.util
 import json
 from pathlib import Path
@@ -8,6 +8,7 @@ import pytest
 from nanovllm_edu import LLM
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.bench import StepTimer
+from nanovllm_edu.engine.observer import ObserverGroup, StepObserver
 from nanovllm_edu.course.figures import SMALL_CACHE_ARGS, small_cache_requests, trace_tiny_cpu
 from nanovllm_edu.course.trace import (EngineTrace, load_trace, relabel, save_trace, step_times, summarize,
                                       trace_to_dict)
@@ -33,7 +34,8 @@ def test_trace_off_costs_nothing_and_changes_nothing(small):
     plain = small.generate(prompts, params, use_tqdm=False)
     trace, traced, _ = run_traced(small)
     assert traced == plain
-    # after the trace nothing of it is left on the instance: the class's methods run again
+    # after the trace nothing of it is left: the engine holds the do-nothing observer again
+    assert type(small.observer) is StepObserver and type(small.model_runner.observer) is StepObserver
     assert "step" not in vars(small) and "schedule" not in vars(small.scheduler)
     assert not trace.active
     n = len(trace.records)
@@ -82,16 +84,36 @@ def test_save_and_load(small, tmp_path):
     assert "seconds" in json.loads(path.read_text())["records"][0]
 
 
-def test_nests_with_other_wrappers(small):
-    """A StepTimer (bench.py) and a trace on the same instance: both see every step, both clean up."""
+def test_nests_with_other_observers(small):
+    """A StepTimer (the benchmark's) and a trace on the same engine: both see every step, both detach."""
     prompts, params = small_cache_requests()
-    with StepTimer(small) as timer:
-        with EngineTrace(small) as trace:
+    with small.observe(StepTimer(small)) as timer:
+        with small.observe(EngineTrace(small, start=False)) as trace:
+            assert isinstance(small.observer, ObserverGroup)
             small.generate(prompts[:2], params[:2], use_tqdm=False)
-        assert "step" in vars(small)  # the timer's wrapper is back in place
+        assert small.observer is timer  # the timer alone watches again
+        with EngineTrace(small) as inner:  # the trace's own `with` nests the same way
+            small.generate(prompts[:1], params[:1], use_tqdm=False)
+        assert small.observer is timer and not inner.active
+    assert type(small.observer) is StepObserver
     assert "step" not in vars(small) and "schedule" not in vars(small.scheduler)
     steps = timer.totals["prefill"]["steps"] + timer.totals["decode"]["steps"]
-    assert steps == len(trace.records) > 0
+    assert steps == len(trace.records) + len(inner.records) and len(trace.records) > 0 and len(inner.records) > 0
+
+
+def test_start_stop_rounds_accumulate(small):
+    prompts, params = small_cache_requests()
+    trace = EngineTrace(small, start=False)
+    assert not trace.active and type(small.observer) is StepObserver
+    for _ in range(2):
+        trace.start().start()  # starting twice attaches once
+        assert small.observer is trace
+        small.generate(prompts[:1], params[:1], use_tqdm=False)
+        trace.stop()
+        trace.stop()
+        assert type(small.observer) is StepObserver
+    kinds = [r.kind for r in trace.records]
+    assert kinds.count("prefill") == 2 and [r.step for r in trace.records] == list(range(len(kinds)))
 
 
 def test_make_figures_reproduces_the_committed_trace(tmp_path, monkeypatch):

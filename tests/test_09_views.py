@@ -1,4 +1,4 @@
-"""Notebook 12: the stepper's state, the block map, the prefix lookup and the widgets built on them."""
+"""Notebook 09: the stepper's state, the block map, the prefix lookup and the widgets built on them."""
 import pytest
 
 from nanovllm_edu import LLM, SamplingParams
@@ -7,6 +7,7 @@ from nanovllm_edu.course.blocks import block_map, format_block_map, format_prefi
 from nanovllm_edu.course.figures import SMALL_CACHE_ARGS, small_cache_requests, trace_tiny_cpu
 from nanovllm_edu.course.stepper import EngineStepper
 from nanovllm_edu.course.trace import summarize
+from nanovllm_edu.engine.observer import StepObserver
 
 widgets = pytest.importorskip("ipywidgets")
 from nanovllm_edu.course.views import block_map_html, block_map_widget, prefix_explorer, stepper_widget
@@ -58,7 +59,7 @@ def test_stepper_runs_the_same_schedule_as_generate():
     assert stepper.state()["finished"] == [f"r{i}" for i in range(8)]
     assert stepper.state()["preemptions"] == summarize(records)["preemptions"]
     assert all(b.state != "used" for b in block_map(stepper.llm))
-    assert "step" not in vars(stepper.llm)  # the stepper traces only while its own steps run
+    assert type(stepper.llm.observer) is StepObserver  # the stepper traces only while its own steps run
 
 
 def test_stepper_validates_before_queueing():

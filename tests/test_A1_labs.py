@@ -1,5 +1,5 @@
-"""Notebook 11: the lab checkers pass our implementations and name the right check for broken ones; the
-student edition stubs tagged solution cells and executes up to its first exercise."""
+"""Appendix A1: the lab checkers pass our implementations and name the right check for broken ones; the
+student edition stubs tagged solution cells (a class may span several) and executes up to its first exercise."""
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +22,8 @@ from nanovllm_edu.labs import (
     check_scheduler,
     check_store_kvcache,
 )
-from nanovllm_edu.labs.student import find_notebooks, make_student, make_student_notebook, stub_source
+from nanovllm_edu.labs.student import (find_notebooks, make_student, make_student_notebook, solution_groups,
+                                      stub_source)
 from nanovllm_edu.layers.sampler import Sampler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +150,10 @@ def test_store_writing_padding_slots_fails_skip_check():
 
 
 def test_store_into_a_copy_fails_lands_check():
-    assert "each token lands in its slot" in failed_names(check_store_kvcache(store_contiguous_copy))
+    report = check_store_kvcache(store_contiguous_copy)
+    assert "each token lands in its slot" in failed_names(report)
+    lands = next(c for c in report.checks if c.name == "each token lands in its slot")
+    assert lands.detail == "K cache of layer 1, slot 0 (a slot of the batch) is wrong"  # names the first wrong slot
 
 
 class UnverifiedPrefixCache(PrefixCachingBlockManager):
@@ -235,21 +239,67 @@ def test_the_course_tags_a_solution_cell_per_checked_stage():
     assert set(tags) <= set(CHECKERS)
 
 
+def test_stub_source_treats_patch_functions_as_methods():
+    src = ('@patch\ndef f(self: A, k: int) -> int:\n    """Doc."""\n    return k\n\n\n'
+           '@patch(as_prop=True)\ndef n(self: "A") -> int:\n    return 1\n\n\n'
+           '@patch\ndef g(self: A):\n    return 2\n')
+    out = stub_source(src, keep=frozenset({"A.g"}))
+    compile(out, "<stub>", "exec")
+    assert "implement A.f (" in out and "implement A.n (" in out and '"""Doc."""' in out
+    assert "@patch(as_prop=True)" in out and "return k" not in out and "return 1" not in out and "return 2" in out
+
+
+def _toy_notebook():
+    code = nbformat.v4.new_code_cell
+    return nbformat.v4.new_notebook(cells=[
+        code("x = 1"),
+        code("class Counter:\n    def __init__(self):\n        self.n = 0\n\n    def peek(self):\n        return self.n",
+             metadata={"tags": ["solution", "keep:Counter.peek"]}),
+        nbformat.v4.new_markdown_cell("a demo of the half-built class"),
+        code("Counter().n"),
+        code("@patch\ndef add(self: Counter, k):\n    self.n += k",
+             metadata={"tags": ["solution", "check:block_manager=Counter"]}),
+        code("Counter().add(1)"),
+        code("def lonely():\n    return 3", metadata={"tags": ["solution"]}),  # no check: stubbed, no exercise
+    ])
+
+
+def test_a_class_over_several_solution_cells_is_one_exercise():
+    nb = _toy_notebook()
+    assert solution_groups(nb.cells) == [[1, 4], [6]]
+    student, n = make_student_notebook(nb)
+    assert n == 1
+    tags = [c.metadata.get("tags", []) for c in student.cells]
+    assert tags[1] == ["stub"] and tags[4] == ["stub"] and tags[8] == ["stub"]
+    assert "return self.n" in student.cells[1].source, "keep:Counter.peek on the first cell is kept"
+    assert "implement Counter.__init__ (" in student.cells[1].source
+    assert "implement Counter.add (" in student.cells[4].source and "self.n += k" not in student.cells[4].source
+    assert tags[3] == ["raises-exception"], "a demo between the stubs runs the half-built class"
+    assert tags[0] == [] and tags[7] == [], "cells outside the exercise are left alone"
+    assert tags[6] == ["exercise"] and student.cells[6].source.endswith("check_block_manager(Counter)")
+    assert "The 2 cells above" in student.cells[5].source
+    assert nb.cells[3].metadata == {} and nb.cells[4].metadata["tags"][0] == "solution", "original untouched"
+    nbformat.validate(student)
+
+
 def test_make_student_notebook_stubs_tagged_cells_and_adds_exercises():
     nb = nbformat.read(ROOT / "notebooks" / "04_paged_blocks.ipynb", as_version=4)
     student, n = make_student_notebook(nb)
     assert n == 1
-    stubs = [c for c in student.cells if "stub" in c.metadata.get("tags", [])]
-    assert len(stubs) == 1 and "raise NotImplementedError" in stubs[0].source
-    assert "class BlockManager:" in stubs[0].source and "self.free_block_ids.popleft()" not in stubs[0].source
-    assert "self.ref_count = 0" in stubs[0].source, "the keep:Block tag leaves Block whole"
-    i = student.cells.index(stubs[0])
-    exercise = student.cells[i + 2]
+    stub_ids = [i for i, c in enumerate(student.cells) if "stub" in c.metadata.get("tags", [])]
+    stubs = [student.cells[i] for i in stub_ids]
+    assert stubs and all("raise NotImplementedError" in c.source for c in stubs)
+    assert "class BlockManager" in stubs[0].source
+    assert not any("self.free_block_ids.popleft()" in c.source for c in stubs)
+    assert any("self.ref_count = 0" in c.source for c in stubs), "the keep:Block tag leaves Block whole"
+    exercise = student.cells[stub_ids[-1] + 2]
     assert exercise.metadata["tags"] == ["exercise"]
     assert exercise.source.endswith("check_block_manager(BlockManager)")
     assert all(not c.get("outputs") for c in student.cells if c.cell_type == "code")
     nbformat.validate(student)
-    assert nb.cells[i].metadata["tags"] == ["solution", "check:block_manager", "keep:Block"], "original untouched"
+    # the exercise is the first insertion, so the stubs keep their indices: the course notebook is untouched
+    assert all("solution" in nb.cells[i].metadata["tags"] for i in stub_ids)
+    assert "check:block_manager" in nb.cells[stub_ids[-1]].metadata["tags"]
 
 
 def test_make_student_cli_and_missing_notebooks(tmp_path, capsys):
@@ -258,7 +308,8 @@ def test_make_student_cli_and_missing_notebooks(tmp_path, capsys):
     result = subprocess.run([sys.executable, "-m", "nanovllm_edu.labs", "make-student", str(tmp_path / "out")],
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "06_scheduler.ipynb: 1 exercise" in result.stdout
+    assert "07_scheduler.ipynb: 1 exercise" in result.stdout
+    assert "08_engine.ipynb: 1 exercise" in result.stdout
     for path in sorted((tmp_path / "out").glob("*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
             if "stub" in cell.metadata.get("tags", []):
@@ -278,9 +329,10 @@ def student_dir(tmp_path_factory):
 @pytest.mark.parametrize("name,stage,stub", [
     ("03_kv_store_kernel", "store kernel (03): 0/6", "store_kvcache_torch"),
     ("04_paged_blocks", "block manager (04): 0/8", "BlockManager.__init__"),
-    ("05_prefix_hashing", "prefix cache (05): 0/8", "PrefixCachingBlockManager.__init__"),
-    ("06_scheduler", "scheduler (06): 0/6", "Scheduler.__init__"),
-], ids=["03", "04", "05", "06"])
+    ("06_prefix_hashing", "prefix cache (06): 0/8", "PrefixCachingBlockManager.__init__"),
+    ("07_scheduler", "scheduler (07): 0/6", "Scheduler.__init__"),
+    ("08_engine", "sampler (08): 0/6", "Sampler.forward"),
+], ids=["03", "04", "06", "07", "08"])
 def test_student_notebook_executes_up_to_its_first_exercise(student_dir, name, stage, stub):
     from nbclient import NotebookClient
 
@@ -290,7 +342,11 @@ def test_student_notebook_executes_up_to_its_first_exercise(student_dir, name, s
     client = NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     with client.setup_kernel():
         for i, cell in enumerate(nb.cells[:first + 1]):
-            client.execute_cell(cell, i)  # raises CellExecutionError on any error before the exercise
+            # raises CellExecutionError on any error before the exercise, except in the cells tagged
+            # raises-exception: demos between the stubbed cells of a class, which run the unwritten code
+            client.execute_cell(cell, i)
+    errors = [o for c in nb.cells[:first] for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors or errors[0].ename == "NotImplementedError", errors[0]  # the first error is a stub's
     text = "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in nb.cells[first].outputs)
     assert f"{stage} checks passed" in text, text
     assert f"NotImplementedError: Exercise: implement {stub} (" in text

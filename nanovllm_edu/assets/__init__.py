@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['ASSETS_DIR', 'MODEL_ENV_VAR', 'tiny_model_path', 'qwen3_0_6b_config_path', 'default_model_path']
 
-# %% ../../notebooks/00_setup.ipynb #4c0e6e82
+# %% ../../notebooks/00_setup.ipynb #8f1dcff4
 """Files shipped with the package: the tiny Qwen3 checkpoint and the Qwen3-0.6B config."""
 import importlib.util
 import os

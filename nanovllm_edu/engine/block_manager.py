@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['Block', 'BlockManager']
 
-# %% ../../notebooks/04_paged_blocks.ipynb #3752c120
+# %% ../../notebooks/04_paged_blocks.ipynb #b63bafd6
 from collections import deque
 
 from ..config import check_block_size
@@ -42,20 +42,6 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self.free_block_ids)
 
-    def _check(self, seq: Sequence) -> None:
-        if seq.block_size != self.block_size:
-            raise ValueError(f"sequence {seq.seq_id} has block size {seq.block_size}, "
-                             f"this block manager {self.block_size}")
-
-    def _check_allocatable(self, seq: Sequence) -> None:
-        """What `allocate` requires, for this manager and its subclasses: a fresh sequence that fits."""
-        self._check(seq)
-        if seq.block_table:
-            raise RuntimeError(f"sequence {seq.seq_id} already holds blocks {seq.block_table}")
-        if not self.can_allocate(seq):
-            raise RuntimeError(f"sequence {seq.seq_id} needs {seq.num_blocks} blocks (fewer with prefix hits) "
-                               f"but only {self.num_free_blocks} are free; check can_allocate first")
-
     def _take_block(self) -> Block:
         """Move the next free block to the used set, owned by one sequence."""
         if not self.free_block_ids:
@@ -74,55 +60,90 @@ class BlockManager:
             self.used_block_ids.remove(block.block_id)
             self.free_block_ids.append(block.block_id)
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        """Whether `allocate(seq)` would find enough free blocks."""
-        return self.num_free_blocks >= seq.num_blocks
+# %% ../../notebooks/04_paged_blocks.ipynb #e3b01bde
+from fastcore.basics import patch
 
-    def allocate(self, seq: Sequence) -> None:
-        """Give `seq` blocks for all its tokens; nothing of it is computed yet."""
-        self._check_allocatable(seq)
-        seq.block_table = [self._take_block().block_id for _ in range(seq.num_blocks)]
-        seq.num_computed_tokens = 0
 
-    def deallocate(self, seq: Sequence) -> None:
-        """Return every block of `seq`; its cached KV is gone as far as `seq` is concerned."""
-        # Last block first: with prefix caching the free pool then evicts a prompt's tail before its
-        # head, and heads (system prompts) are what other requests share.
-        for block_id in reversed(seq.block_table):
-            self._release_block(self.blocks[block_id])
-        seq.block_table = []
-        seq.num_computed_tokens = 0
+@patch
+def _check(self: BlockManager, seq: Sequence) -> None:
+    if seq.block_size != self.block_size:
+        raise ValueError(f"sequence {seq.seq_id} has block size {seq.block_size}, "
+                         f"this block manager {self.block_size}")
 
-    def num_missing_blocks(self, seq: Sequence) -> int:
-        """Blocks `seq` lacks to hold all its tokens (1 when its newest token starts a block)."""
-        return seq.num_blocks - len(seq.block_table)
 
-    def can_append(self, seq: Sequence) -> bool:
-        """Whether the pool can give `seq` room for its newest token."""
-        return self.num_free_blocks >= self.num_missing_blocks(seq)
+@patch
+def _check_allocatable(self: BlockManager, seq: Sequence) -> None:
+    """What `allocate` requires, for this manager and its subclasses: a fresh sequence that fits."""
+    self._check(seq)
+    if seq.block_table:
+        raise RuntimeError(f"sequence {seq.seq_id} already holds blocks {seq.block_table}")
+    if not self.can_allocate(seq):
+        raise RuntimeError(f"sequence {seq.seq_id} needs {seq.num_blocks} blocks (fewer with prefix hits) "
+                           f"but only {self.num_free_blocks} are free; check can_allocate first")
 
-    def may_append(self, seq: Sequence) -> None:
-        """Make room for the newest token of `seq` (a decode step computes its KV)."""
-        self._check(seq)
-        if not seq.block_table:
-            raise RuntimeError(f"sequence {seq.seq_id} holds no blocks; allocate it first")
-        missing = self.num_missing_blocks(seq)
-        if missing > self.num_free_blocks:
-            raise RuntimeError(f"sequence {seq.seq_id} needs a new block and none is free")
-        for _ in range(missing):
-            seq.block_table.append(self._take_block().block_id)
 
-    def check_invariants(self, seqs: list[Sequence] = ()) -> None:
-        """Assert the pool is consistent: every block free xor used, ref counts match `seqs`' tables."""
-        free = list(self.free_block_ids)
-        assert len(free) == len(set(free)), "a block is free twice"
-        assert not set(free) & self.used_block_ids, "a block is both free and used"
-        assert len(free) + len(self.used_block_ids) == self.num_blocks, "a block leaked"
-        refs = [0] * self.num_blocks
-        for seq in seqs:
-            for block_id in seq.block_table:
-                refs[block_id] += 1
-        for block in self.blocks:
-            assert (block.ref_count > 0) == (block.block_id in self.used_block_ids), f"{block} misfiled"
-            if seqs:
-                assert block.ref_count == refs[block.block_id], f"{block}: {refs[block.block_id]} tables list it"
+@patch
+def can_allocate(self: BlockManager, seq: Sequence) -> bool:
+    """Whether `allocate(seq)` would find enough free blocks."""
+    return self.num_free_blocks >= seq.num_blocks
+
+
+@patch
+def allocate(self: BlockManager, seq: Sequence) -> None:
+    """Give `seq` blocks for all its tokens; nothing of it is computed yet."""
+    self._check_allocatable(seq)
+    seq.block_table = [self._take_block().block_id for _ in range(seq.num_blocks)]
+    seq.num_computed_tokens = 0
+
+
+@patch
+def deallocate(self: BlockManager, seq: Sequence) -> None:
+    """Return every block of `seq`; its cached KV is gone as far as `seq` is concerned."""
+    # Last block first: with prefix caching the free pool then evicts a prompt's tail before its
+    # head, and heads (system prompts) are what other requests share.
+    for block_id in reversed(seq.block_table):
+        self._release_block(self.blocks[block_id])
+    seq.block_table = []
+    seq.num_computed_tokens = 0
+
+# %% ../../notebooks/04_paged_blocks.ipynb #e46b105b
+@patch
+def num_missing_blocks(self: BlockManager, seq: Sequence) -> int:
+    """Blocks `seq` lacks to hold all its tokens (1 when its newest token starts a block)."""
+    return seq.num_blocks - len(seq.block_table)
+
+
+@patch
+def can_append(self: BlockManager, seq: Sequence) -> bool:
+    """Whether the pool can give `seq` room for its newest token."""
+    return self.num_free_blocks >= self.num_missing_blocks(seq)
+
+
+@patch
+def may_append(self: BlockManager, seq: Sequence) -> None:
+    """Make room for the newest token of `seq` (a decode step computes its KV)."""
+    self._check(seq)
+    if not seq.block_table:
+        raise RuntimeError(f"sequence {seq.seq_id} holds no blocks; allocate it first")
+    missing = self.num_missing_blocks(seq)
+    if missing > self.num_free_blocks:
+        raise RuntimeError(f"sequence {seq.seq_id} needs a new block and none is free")
+    for _ in range(missing):
+        seq.block_table.append(self._take_block().block_id)
+
+
+@patch
+def check_invariants(self: BlockManager, seqs: list[Sequence] = ()) -> None:
+    """Assert the pool is consistent: every block free xor used, ref counts match `seqs`' tables."""
+    free = list(self.free_block_ids)
+    assert len(free) == len(set(free)), "a block is free twice"
+    assert not set(free) & self.used_block_ids, "a block is both free and used"
+    assert len(free) + len(self.used_block_ids) == self.num_blocks, "a block leaked"
+    refs = [0] * self.num_blocks
+    for seq in seqs:
+        for block_id in seq.block_table:
+            refs[block_id] += 1
+    for block in self.blocks:
+        assert (block.ref_count > 0) == (block.block_id in self.used_block_ids), f"{block} misfiled"
+        if seqs:
+            assert block.ref_count == refs[block.block_id], f"{block}: {refs[block.block_id]} tables list it"

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['silu_and_mul', 'SiluAndMul']
 
-# %% ../../notebooks/02_qwen3_model.ipynb #6a88215e
+# %% ../../notebooks/02_qwen3_model.ipynb #ad5a8b49
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['VocabParallelEmbedding', 'ParallelLMHead']
 
-# %% ../../notebooks/02_qwen3_model.ipynb #b2f69580
+# %% ../../notebooks/02_qwen3_model.ipynb #f63690e1
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -48,7 +48,7 @@ class VocabParallelEmbedding(nn.Module):
         return (f"vocab={self.num_embeddings}, rows {self.vocab_start_idx}..{self.vocab_end_idx - 1}, "
                 f"dim={self.weight.shape[1]}, tp={self.tp_rank}/{self.tp_size}")
 
-
+# %% ../../notebooks/02_qwen3_model.ipynb #0b86c4d1
 class ParallelLMHead(VocabParallelEmbedding):
     "hidden [N, H] -> logits [N, vocab]; with tp_size > 1 each rank scores its ids and rank 0 gathers them."
 

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['rms_norm', 'add_rms_norm', 'RMSNorm']
 
-# %% ../../notebooks/02_qwen3_model.ipynb #00fa984f
+# %% ../../notebooks/02_qwen3_model.ipynb #8c7a07d1
 import torch
 from torch import nn
 
@@ -26,7 +26,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     residual = x + residual  # in the model's dtype, exactly as the unfused layer rounds it
     return rms_norm.__wrapped__(residual, weight, eps), residual
 
-
+# %% ../../notebooks/02_qwen3_model.ipynb #6366b248
 class RMSNorm(nn.Module):
     "Root-mean-square norm; `forward(x, residual)` also adds the residual first and returns the new one."
 

@@ -4,7 +4,7 @@
 __all__ = ['divide', 'copy_weight', 'LinearBase', 'ReplicatedLinear', 'ColumnParallelLinear', 'MergedColumnParallelLinear',
            'QKVParallelLinear', 'RowParallelLinear']
 
-# %% ../../notebooks/02_qwen3_model.ipynb #7024dd0a
+# %% ../../notebooks/02_qwen3_model.ipynb #ee92212c
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -51,7 +51,7 @@ class LinearBase(nn.Module):
         return (f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, "
                 f"tp={self.tp_rank}/{self.tp_size}")
 
-
+# %% ../../notebooks/02_qwen3_model.ipynb #41028f38
 class ReplicatedLinear(LinearBase):
     "Every rank holds the full weight."
 
@@ -74,7 +74,7 @@ class ColumnParallelLinear(LinearBase):
         shard = param.data.size(0)
         copy_weight(param.data, loaded_weight.narrow(0, self.tp_rank * shard, shard))
 
-
+# %% ../../notebooks/02_qwen3_model.ipynb #46977d42
 class MergedColumnParallelLinear(ColumnParallelLinear):
     "Several column-parallel layers over the same input stored as one (gate and up): shard_id = index."
 
@@ -111,7 +111,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         part = loaded_weight.chunk(self.tp_size, dim=0)[self.tp_rank]  # whole heads: rows are head-major
         copy_weight(param.data.narrow(0, offset, size), part)
 
-
+# %% ../../notebooks/02_qwen3_model.ipynb #e08e94b3
 class RowParallelLinear(LinearBase):
     "Input features split over ranks; partial outputs are summed with an all-reduce when tp_size > 1."
 

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['get_rope_theta', 'apply_rotary_emb', 'RotaryEmbedding', 'rotate_qk']
 
-# %% ../../notebooks/02_qwen3_model.ipynb #f032c784
+# %% ../../notebooks/02_qwen3_model.ipynb #a37db0e5
 import torch
 from torch import nn
 
@@ -25,7 +25,7 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     x1, x2 = x.float().chunk(2, dim=-1)  # float32: rotation angles of far positions need the digits
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
-
+# %% ../../notebooks/02_qwen3_model.ipynb #90cd9050
 class RotaryEmbedding(nn.Module):
     "RoPE with a float32 cos/sin cache for every position, indexed by each token's own position."
 

@@ -6,7 +6,7 @@
 __all__ = ['PACKED_MODULES_MAPPING', 'head_dim_of', 'make_rope', 'Qwen3Attention', 'Qwen3MLP', 'Qwen3DecoderLayer', 'Qwen3Model',
            'Qwen3ForCausalLM']
 
-# %% ../../notebooks/02_qwen3_model.ipynb #7b978205
+# %% ../../notebooks/02_qwen3_model.ipynb #612e82e7
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ def make_rope(hf_config) -> RotaryEmbedding:
     return RotaryEmbedding(head_dim_of(hf_config), hf_config.max_position_embeddings,
                            get_rope_theta(hf_config))
 
-
+# %% ../../notebooks/02_qwen3_model.ipynb #f6b8aba7
 class Qwen3Attention(nn.Module):
     "qkv GEMM -> per-head q/k RMSNorm -> RoPE -> attention -> o_proj, for this rank's heads."
 
@@ -72,7 +72,7 @@ class Qwen3Attention(nn.Module):
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v, step).flatten(1))
 
-
+# %% ../../notebooks/02_qwen3_model.ipynb #fa376399
 class Qwen3MLP(nn.Module):
     "down(silu(gate(x)) * up(x)) with gate and up in one GEMM."
 
@@ -89,7 +89,7 @@ class Qwen3MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
-
+# %% ../../notebooks/02_qwen3_model.ipynb #7048af00
 class Qwen3DecoderLayer(nn.Module):
     "Pre-norm attention and MLP blocks; the residual add happens inside the next norm."
 
@@ -111,7 +111,7 @@ class Qwen3DecoderLayer(nn.Module):
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 
-# %% ../../notebooks/02_qwen3_model.ipynb #f26e2a30
+# %% ../../notebooks/02_qwen3_model.ipynb #03a54b72
 class Qwen3Model(nn.Module):
     "Embedding, decoder layers and the final norm: token ids [T] -> hidden states [T, hidden]."
 
@@ -131,7 +131,7 @@ class Qwen3Model(nn.Module):
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
-
+# %% ../../notebooks/02_qwen3_model.ipynb #b2f0b576
 class Qwen3ForCausalLM(nn.Module):
     "Qwen3 for the engine: flattened tokens in, hidden states out; logits for the rows the engine picks."
 
@@ -170,7 +170,7 @@ class Qwen3ForCausalLM(nn.Module):
                         dtype: torch.dtype | str | None = None, tp_rank: int = 0,
                         tp_size: int = 1) -> "Qwen3ForCausalLM":
         """Load a Qwen3 checkpoint folder (config.json + *.safetensors), eval mode, its own dtype by default.
-        With tp_size > 1 every rank reads the full checkpoint and keeps its own shard (notebook 09)."""
+        With tp_size > 1 every rank reads the full checkpoint and keeps its own shard (notebook 12)."""
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"no model folder at {path}")

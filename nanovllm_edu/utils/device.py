@@ -4,7 +4,7 @@
 __all__ = ['DEVICE_CHOICES', 'resolve_device', 'triton_available', 'triton_interpreted', 'flash_attn_available',
            'attention_paths', 'fused_on_cuda']
 
-# %% ../../notebooks/00_setup.ipynb #dc23c816
+# %% ../../notebooks/00_setup.ipynb #048b1672
 import importlib.util
 import os
 
@@ -28,7 +28,7 @@ def resolve_device(device: str = "auto") -> torch.device:
                          "use device='cpu' (or 'auto'), or install a CUDA build of torch")
     return torch.device(device)
 
-
+# %% ../../notebooks/00_setup.ipynb #f6be65f1
 def triton_available() -> bool:
     """True when the `triton` package can be imported (it ships with Linux builds of torch)."""
     return importlib.util.find_spec("triton") is not None
@@ -53,7 +53,7 @@ def attention_paths(device: torch.device) -> dict[str, bool]:
         "flash_attn": on_cuda and flash_attn_available(),
     }
 
-# %% ../../notebooks/00_setup.ipynb #7c38efca
+# %% ../../notebooks/00_setup.ipynb #7f352cf8
 import functools
 
 

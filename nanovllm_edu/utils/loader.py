@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['default_weight_loader', 'load_weights', 'load_model', 'checkpoint_dtype', 'default_dtype']
 
-# %% ../../notebooks/02_qwen3_model.ipynb #cd33c60d
+# %% ../../notebooks/02_qwen3_model.ipynb #5933a769
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -45,7 +45,7 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
     if missing:
         raise ValueError(f"checkpoint has no weights for {missing}")
 
-
+# %% ../../notebooks/02_qwen3_model.ipynb #94979f22
 def load_model(model: nn.Module, path: str | Path) -> None:
     "Load every *.safetensors file of the checkpoint folder `path` into `model`."
     files = sorted(Path(path).glob("*.safetensors"))

@@ -5,7 +5,7 @@ What it checks, per notebook:
      extension manager are switched off);
   2. `notebook:run-all-cells` runs every code cell; each ends with an execution count and no `error` output
      (checked in the notebook model and in the DOM);
-  3. an ipywidgets view rendered (the notebook's own CSS class, e.g. `nve-stepper` in notebook 12);
+  3. an ipywidgets view rendered (the notebook's own CSS class, e.g. `nve-stepper` in notebook 09);
   4. JupyterLab saved nothing (autosave is off, checkpoints go to a temporary folder; the server log has
      no "Saving file at").
 
@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 
 # Course notebooks with widgets, and the CSS class their widget carries.
-COURSE_NOTEBOOKS = {"12_watching_the_engine.ipynb": ".nve-stepper"}
+COURSE_NOTEBOOKS = {"09_watching_the_engine.ipynb": ".nve-stepper"}
 
 SERVER_START_S = 60
 KERNEL_START_S = 90
@@ -212,12 +212,9 @@ def _sha(path: Path) -> str:
 # --- what to open ---------------------------------------------------------------------------------------
 
 CASES = [pytest.param("smoke", id="widget_smoke")]
-CASES += [
-    pytest.param(name, id=name.removesuffix(".ipynb"))
-    for name in COURSE_NOTEBOOKS
-    if (NOTEBOOKS / name).exists()
-]
-# Any other notebook: NVE_BROWSER_NOTEBOOK=07_engine.ipynb [NVE_BROWSER_WIDGET=.some-class]; without
+# every listed notebook must exist: a renamed notebook fails here instead of silently dropping its case
+CASES += [pytest.param(name, id=name.removesuffix(".ipynb")) for name in COURSE_NOTEBOOKS]
+# Any other notebook: NVE_BROWSER_NOTEBOOK=08_engine.ipynb [NVE_BROWSER_WIDGET=.some-class]; without
 # NVE_BROWSER_WIDGET only "every cell ran without error" is checked for it.
 WIDGET = os.environ.get("NVE_BROWSER_WIDGET")
 if extra := os.environ.get("NVE_BROWSER_NOTEBOOK"):
