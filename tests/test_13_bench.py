@@ -1,4 +1,4 @@
-"""The benchmark (notebook 10): workload, hardware limit, random-weight checkpoints, the CLI end to end."""
+"""The benchmark (notebook 13): workload, hardware limit, random-weight checkpoints, the CLI end to end."""
 import json
 import random
 
