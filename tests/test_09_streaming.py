@@ -5,7 +5,7 @@ import pytest
 
 from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
-from nanovllm_edu.course.streaming import StreamEvent, stream, stream_texts
+from nanovllm_edu.course.streaming import StreamEvent, abort_requests, stream, stream_texts
 
 PROMPTS = ["Return the", "This module provides a class that", "Raise ValueError if the given", "def main():"]
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
@@ -126,3 +126,75 @@ def test_bare_token_id_prompt(llm):
     ref = llm.generate(ids, GREEDY, use_tqdm=False)
     assert stream_texts(llm, ids, GREEDY) == [ref[0]["text"]]
     assert [e.token_id for e in stream(llm, ids, GREEDY)] == ref[0]["token_ids"]
+
+
+def split_events(events, n):
+    return [[e for e in events if e.index == i] for i in range(n)]
+
+
+@pytest.mark.parametrize("how", ["close", "break"])
+def test_interleaved_streams_are_independent(llm, reference, how):
+    """Dropping one of two interleaved streams aborts only its requests; the other runs to its finished
+    events with the tokens it gets alone, and every block comes back."""
+    second = stream(llm, PROMPTS[2:], GREEDY)
+    got = []
+    if how == "close":
+        first = stream(llm, PROMPTS[:2], GREEDY)
+        for _ in range(5):
+            next(first)
+            got.append(next(second))
+        first.close()
+    else:
+        for n, _ in enumerate(stream(llm, PROMPTS[:2], GREEDY)):  # the second is consumed inside this loop
+            got.append(next(second))
+            if n == 4:
+                break
+        gc.collect()
+    # only the second stream's two requests are left, none aborted
+    assert len(llm.scheduler.running) + len(llm.scheduler.waiting) == 2
+    assert all(s.finish_reason is None for s in (*llm.scheduler.running, *llm.scheduler.waiting))
+    got += list(second)
+    for mine, ref in zip(split_events(got, 2), reference[2:]):
+        assert [e.token_id for e in mine] == ref["token_ids"]
+        assert "".join(e.text for e in mine) == ref["text"]
+        assert [e.finished for e in mine] == [False] * (len(mine) - 1) + [True]
+        assert mine[-1].finish_reason == ref["finish_reason"]
+    assert_idle(llm)
+
+
+def test_stream_outlives_one_finished_by_another_streams_steps(llm, reference):
+    """Tokens made by another stream's steps (even the last ones) are still yielded, finished included."""
+    first, second = stream(llm, PROMPTS[:1], SamplingParams(temperature=0, max_tokens=2)), stream(llm, PROMPTS[1:], GREEDY)
+    e0 = next(first)  # queues and runs the first prefill
+    rest_second = list(second)  # its steps finish the first stream's request too
+    rest_first = list(first)
+    assert [e.token_id for e in [e0] + rest_first] == reference[0]["token_ids"][:2] and rest_first[-1].finished
+    assert [[e.token_id for e in m] for m in split_events(rest_second, 3)] == [r["token_ids"] for r in reference[1:]]
+    assert_idle(llm)
+
+
+def test_abort_all_elsewhere_ends_a_stream_with_an_error(llm, reference):
+    events = stream(llm, PROMPTS, GREEDY)
+    next(events)
+    llm.abort_all()
+    with pytest.raises(RuntimeError, match="aborted outside"):
+        list(events)
+    assert_idle(llm)
+
+
+def test_abort_requests_frees_waiting_and_half_prefilled_requests():
+    engine = LLM(tiny_model_path(), num_kvcache_blocks=16, kvcache_block_size=16, max_num_batched_tokens=8,
+                 max_num_seqs=1)
+    long_prompt = list(range(1, 30))
+    half, queued = engine.make_requests([long_prompt, "Return the"], GREEDY)
+    for seq in (half, queued):
+        engine.scheduler.add(seq)
+    engine.step()
+    assert engine.scheduler.prefilling is half and queued in engine.scheduler.waiting
+    abort_requests(engine, [half, queued])
+    assert engine.scheduler.prefilling is None and engine.is_finished()
+    assert half.finish_reason == queued.finish_reason == "abort"
+    assert_idle(engine)
+    assert engine.generate("def main():", GREEDY, use_tqdm=False)[0]["token_ids"] == \
+        LLM(tiny_model_path(), num_kvcache_blocks=16, kvcache_block_size=16).generate(
+            "def main():", GREEDY, use_tqdm=False)[0]["token_ids"]

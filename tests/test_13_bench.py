@@ -108,8 +108,14 @@ def test_cli_end_to_end_on_cpu(tmp_path, capsys):
                    "--max-num-seqs", "4", "--breakdown", "--compare-hf", "--json", str(out)])
     printed = capsys.readouterr().out
     assert "Throughput:" in printed and "tok/s" in printed
+    # the result is printed once, by the summary, and says what it counts
+    assert printed.count("Throughput:") == 1 and "timed run" not in printed
+    assert "32 completion" in printed and "128 prompt" in printed and "tok/s of completion tokens" in printed
+    assert "prompts exactly 32 tokens" in printed  # the minimum followed --max-input-len, and the line says so
     record = json.loads(out.read_text())
     assert REQUIRED_KEYS <= set(record)
+    assert record["completion_tokens"] == record["total_tokens"] and record["prompt_tokens"] == 4 * 32
+    assert record["prompt_and_completion_tok_s"] == pytest.approx((32 + 128) / record["seconds"])
     assert record["device"] == "cpu" and record["num_seqs"] == 4
     assert record["total_tokens"] == record["generated_tokens"] == 4 * 8
     assert record["seconds"] > 0 and record["throughput_tok_s"] == pytest.approx(32 / record["seconds"])
@@ -145,3 +151,58 @@ def test_warmup_is_shaped_like_the_workload_but_not_cached():
     assert warmup.num_seqs == 32 and set(warmup.max_tokens) == {16}
     assert max(warmup.prompt_lens) <= 1024 and sum(warmup.prompt_lens) > 16384  # full-size prefill steps
     assert not {tuple(p[:16]) for p in warmup.prompts} & {tuple(p[:16]) for p in workload.prompts}
+
+
+def test_min_length_follows_max_unless_given_above_it(capsys):
+    from nanovllm_edu.bench import parse_args
+    args = parse_args(["--max-input-len", "64", "--max-output-len", "500"])
+    assert (args.min_input_len, args.max_input_len) == (64, 64)  # follows the max (the help says so)
+    assert (args.min_output_len, args.max_output_len) == (100, 500)
+    assert parse_args([]).min_input_len == parse_args([]).min_output_len == 100
+    for kind in ("input", "output"):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args([f"--max-{kind}-len", "64", f"--min-{kind}-len", "100"])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+        assert f"--min-{kind}-len 100" in err and f"--max-{kind}-len 64" in err and "64 or less" in err
+        with pytest.raises(ValueError, match=f"min_{kind}_len=100 is above max_{kind}_len=64"):
+            make_workload(4, **{f"max_{kind}_len": 64, f"min_{kind}_len": 100})
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    assert "follows the maximum" in " ".join(capsys.readouterr().out.split())
+    assert make_workload(4, 500, 200).input_len_range == (100, 500)  # the seed's minimum where it fits
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--num-seqs", "0"], ["--num-seqs", "0"]),
+    (["--max-output-len", "x"], ["--max-output-len", "'x'"]),
+    (["--hf-batch-size", "-3"], ["--hf-batch-size", "-3"]),
+    (["--kvcache-block-size", "7"], ["kvcache_block_size", "7"]),
+    (["--gpu-memory-utilization", "1.5"], ["gpu_memory_utilization", "1.5"]),
+    (["--temperature", "-1"], ["temperature", "-1"]),
+    (["--max-model-len", "36", "--max-input-len", "32", "--max-output-len", "8"], ["max_model_len is 36", "40"]),
+    (["--model", "/no/such/folder"], ["/no/such/folder"]),
+])
+def test_cli_value_errors_are_one_line_before_the_model_loads(monkeypatch, capsys, argv, words):
+    import nanovllm_edu.bench.cli as cli
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the benchmark started despite a bad value")
+    monkeypatch.setattr(cli, "run_benchmark", must_not_run)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--device", "cpu"] + argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert len(err.strip().splitlines()) == 1 and "error:" in err and "Traceback" not in err
+    assert all(word in err for word in words), err
+
+
+def test_cli_engine_error_after_loading_is_one_line(capsys):
+    # a cache too small for any request: only the loaded engine knows its block count; still one line, exit 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["--device", "cpu", "--num-seqs", "2", "--max-input-len", "32", "--max-output-len", "8",
+              "--kvcache-block-size", "16", "--num-kvcache-blocks", "1"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: ") and "num_kvcache_blocks" in err

@@ -276,7 +276,8 @@ def test_a_class_over_several_solution_cells_is_one_exercise():
     assert "implement Counter.add (" in student.cells[4].source and "self.n += k" not in student.cells[4].source
     assert tags[3] == ["raises-exception"], "a demo between the stubs runs the half-built class"
     assert tags[0] == [] and tags[7] == [], "cells outside the exercise are left alone"
-    assert tags[6] == ["exercise"] and student.cells[6].source.endswith("check_block_manager(Counter)")
+    assert tags[6] == ["exercise"] and student.cells[6].source.endswith("check_block_manager(_yours_Counter)")
+    assert student.cells[1].source.splitlines()[-1].startswith("_yours_Counter = Counter  #"), "kept where defined"
     assert "The 2 cells above" in student.cells[5].source
     assert nb.cells[3].metadata == {} and nb.cells[4].metadata["tags"][0] == "solution", "original untouched"
     nbformat.validate(student)
@@ -294,7 +295,8 @@ def test_make_student_notebook_stubs_tagged_cells_and_adds_exercises():
     assert any("self.ref_count = 0" in c.source for c in stubs), "the keep:Block tag leaves Block whole"
     exercise = student.cells[stub_ids[-1] + 2]
     assert exercise.metadata["tags"] == ["exercise"]
-    assert exercise.source.endswith("check_block_manager(BlockManager)")
+    assert exercise.source.endswith("check_block_manager(_yours_BlockManager)")
+    assert "\n_yours_BlockManager = BlockManager  #" in stubs[0].source, "kept where the class is defined"
     assert all(not c.get("outputs") for c in student.cells if c.cell_type == "code")
     nbformat.validate(student)
     # the exercise is the first insertion, so the stubs keep their indices: the course notebook is untouched
@@ -333,20 +335,65 @@ def student_dir(tmp_path_factory):
     ("07_scheduler", "scheduler (07): 0/6", "Scheduler.__init__"),
     ("08_engine", "sampler (08): 0/6", "Sampler.forward"),
 ], ids=["03", "04", "06", "07", "08"])
-def test_student_notebook_executes_up_to_its_first_exercise(student_dir, name, stage, stub):
+def test_student_notebook_executes_up_to_its_first_exercise_and_its_checks_fail_after_run_all(
+        student_dir, name, stage, stub):
+    """Run the student edition top to bottom (Run All, going on past errors), then its checks again: they
+    must grade the stubs still (a later cell importing the course's class must not shadow the student's)."""
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
 
-    tmp_path = student_dir
-    nb = nbformat.read(tmp_path / f"{name}.ipynb", as_version=4)
-    first = next(i for i, c in enumerate(nb.cells) if "exercise" in c.metadata.get("tags", []))
-    client = NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    nb = nbformat.read(student_dir / f"{name}.ipynb", as_version=4)
+    exercises = [i for i, c in enumerate(nb.cells) if "exercise" in c.metadata.get("tags", [])]
+    first = exercises[0]
+    client = NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(student_dir)}})
     with client.setup_kernel():
         for i, cell in enumerate(nb.cells[:first + 1]):
             # raises CellExecutionError on any error before the exercise, except in the cells tagged
             # raises-exception: demos between the stubbed cells of a class, which run the unwritten code
             client.execute_cell(cell, i)
-    errors = [o for c in nb.cells[:first] for o in c.get("outputs", []) if o.output_type == "error"]
-    assert not errors or errors[0].ename == "NotImplementedError", errors[0]  # the first error is a stub's
-    text = "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in nb.cells[first].outputs)
-    assert f"{stage} checks passed" in text, text
-    assert f"NotImplementedError: Exercise: implement {stub} (" in text
+        errors = [o for c in nb.cells[:first] for o in c.get("outputs", []) if o.output_type == "error"]
+        assert not errors or errors[0].ename == "NotImplementedError", errors[0]  # the first error is a stub's
+        text = cell_text(nb.cells[first])
+        assert f"{stage} checks passed" in text, text
+        assert f"NotImplementedError: Exercise: implement {stub} (" in text
+        for i in range(first + 1, len(nb.cells)):  # the rest of Run All, going on past the stubs' errors
+            try:
+                client.execute_cell(nb.cells[i], i)
+            except CellExecutionError:
+                pass
+        for i in exercises:  # the checks again, after every later cell ran: still the student's stubs
+            client.execute_cell(nb.cells[i], i)
+            assert f"{stage} checks passed" in cell_text(nb.cells[i]), cell_text(nb.cells[i])
+
+
+def cell_text(cell) -> str:
+    return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in cell.outputs)
+
+
+def test_make_student_refuses_to_overwrite_without_force(tmp_path, capsys):
+    from nanovllm_edu.labs.__main__ import main
+
+    out = tmp_path / "student"
+    assert main(["make-student", str(out)]) == 0
+    edited = out / "04_paged_blocks.ipynb"
+    edited.write_text(edited.read_text().replace("raise NotImplementedError", "pass  # my work", 1))
+    capsys.readouterr()
+    assert main(["make-student", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "--force" in err and "already holds" in err and len(err.strip().splitlines()) == 1
+    assert "my work" in edited.read_text()  # nothing was overwritten
+    with pytest.raises(FileExistsError, match="--force"):
+        make_student(out)
+    assert main(["make-student", str(out), "--force"]) == 0
+    assert "my work" not in edited.read_text()
+
+
+def test_labs_cli_without_nbformat_names_the_extra(tmp_path, monkeypatch, capsys):
+    """Without nbformat (installed without the notebooks extra) the CLI says what to install, in one line."""
+    from nanovllm_edu.labs.__main__ import main
+
+    monkeypatch.setitem(sys.modules, "nbformat", None)  # `import nbformat` now raises ModuleNotFoundError
+    monkeypatch.delitem(sys.modules, "nanovllm_edu.labs.student")
+    assert main(["make-student", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and 'pip install -e ".[notebooks]"' in err and "nbformat" in err

@@ -50,7 +50,8 @@ def limit_fields(cost: dict, total_tokens: int, seconds: float, rates: dict | No
 
 # %% ../../notebooks/13_benchmark.ipynb #e24aeb22
 def engine_fields(llm, workload: Workload, shape: ModelShape, seconds: float, outputs: list[dict]) -> dict:
-    """The record's engine fields: machine, versions, workload, engine config, seconds and tokens/s."""
+    """The record's engine fields: machine, versions, workload, engine config, seconds and tokens/s
+    (`total_tokens` and `throughput_tok_s` count completion tokens; prompt tokens have their own keys)."""
     runner, config = llm.model_runner, llm.config
     total = workload.total_tokens
     return {
@@ -61,7 +62,10 @@ def engine_fields(llm, workload: Workload, shape: ModelShape, seconds: float, ou
         "total_tokens": total,
         "generated_tokens": sum(len(o["token_ids"]) for o in outputs),
         "seconds": seconds,
-        "throughput_tok_s": total / seconds,
+        "throughput_tok_s": total / seconds,  # completion tokens only (nano-vllm's measure)
+        "completion_tokens": total,
+        "prompt_tokens": sum(workload.prompt_lens),
+        "prompt_and_completion_tok_s": (total + sum(workload.prompt_lens)) / seconds,
         "backend": getattr(getattr(runner, "backend", None), "name", config.attention_backend),
         "enforce_eager": config.enforce_eager,
         "cuda_graphs": getattr(runner, "graphs", None) is not None,  # eager and CPU runs have none
@@ -96,7 +100,6 @@ def run_benchmark(model: str, workload: Workload, engine_args: dict, breakdown: 
     workload = fit_to_vocab(workload, config.hf_config.vocab_size)
     seconds, outputs = time_generate(llm, workload)
     total = workload.total_tokens
-    print(f"timed run: {total} tokens in {seconds:.2f} s = {total / seconds:.0f} tok/s", flush=True)
     shape = ModelShape.from_config(config.hf_config, dtype_bytes=runner.dtype.itemsize)
     result = engine_fields(llm, workload, shape, seconds, outputs)
     if breakdown:  # a second, instrumented run: the timed one stays clean

@@ -48,15 +48,21 @@ class Workload:
 
 # %% ../../notebooks/13_benchmark.ipynb #389bd0e8
 def make_workload(num_seqs: int = 256, max_input_len: int = 1024, max_output_len: int = 1024, seed: int = 0,
-                  temperature: float = 0.6, min_input_len: int = MIN_LEN, min_output_len: int = MIN_LEN) -> Workload:
+                  temperature: float = 0.6, min_input_len: int | None = None,
+                  min_output_len: int | None = None) -> Workload:
     """nano-vllm's benchmark requests: all prompts first, then all output lengths, from one seeded stream.
-    Lengths are drawn from [min, max] (a min above the max is lowered to it)."""
+    Lengths are drawn from [min, max]; a min left out is MIN_LEN, or the max when that is smaller."""
+    min_input_len = min(MIN_LEN, max_input_len) if min_input_len is None else min_input_len
+    min_output_len = min(MIN_LEN, max_output_len) if min_output_len is None else min_output_len
     if min(num_seqs, max_input_len, max_output_len, min_input_len, min_output_len) < 1:
         raise ValueError("num_seqs and the input/output length bounds must be positive, got "
                          f"{num_seqs}, {min_input_len}-{max_input_len}, {min_output_len}-{max_output_len}")
+    for kind, low, high in (("input", min_input_len, max_input_len), ("output", min_output_len, max_output_len)):
+        if low > high:
+            raise ValueError(f"min_{kind}_len={low} is above max_{kind}_len={high}; lower min_{kind}_len to "
+                             f"{high} or less, or raise max_{kind}_len")
     rng = random.Random(seed)
-    in_range = (min(min_input_len, max_input_len), max_input_len)
-    out_range = (min(min_output_len, max_output_len), max_output_len)
+    in_range, out_range = (min_input_len, max_input_len), (min_output_len, max_output_len)
     prompts = [[rng.randint(0, TOKEN_ID_HIGH) for _ in range(rng.randint(*in_range))] for _ in range(num_seqs)]
     max_tokens = [rng.randint(*out_range) for _ in range(num_seqs)]
     return Workload(prompts, max_tokens, temperature, seed, in_range, out_range)
@@ -75,7 +81,8 @@ def warmup_workload(workload: Workload, vocab_size: int) -> Workload:
     cache cannot serve the timed run from the warm-up), 16 tokens each."""
     small = make_workload(min(workload.num_seqs, WARMUP_SEQS), workload.input_len_range[1],
                           min(WARMUP_TOKENS, workload.output_len_range[1]), workload.seed + 1, workload.temperature,
-                          workload.input_len_range[0], workload.output_len_range[0])
+                          workload.input_len_range[0],
+                          min(workload.output_len_range[0], WARMUP_TOKENS, workload.output_len_range[1]))
     return fit_to_vocab(small, vocab_size)
 
 

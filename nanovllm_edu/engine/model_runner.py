@@ -4,6 +4,7 @@
 __all__ = ['CPU_KV_BUDGET_BYTES', 'ModelRunner', 'block_table_array', 'StepOutput']
 
 # %% ../../notebooks/08_engine.ipynb #facee2a1
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from ..utils.device import resolve_device
 from .observer import StepObserver
 from .sequence import Sequence
 from .step_inputs import StepInputs
+
+_log = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -97,6 +100,8 @@ def allocate_kv_cache(self: ModelRunner) -> int:
     self.kv_cache = torch.zeros(2, cfg.num_hidden_layers, num_blocks, self.block_size, self.num_kv_heads,
                                 head_dim_of(cfg), dtype=self.dtype, device=self.device)
     attach_kv_cache(self.model, self.kv_cache, self.backend)
+    _log.info("KV cache: %d blocks of %d tokens = %.1f MiB on %s", num_blocks, self.block_size,
+              num_blocks * self.block_bytes() / 2**20, self.device)  # chosen size, for anyone who asks
     return num_blocks
 
 # %% ../../notebooks/08_engine.ipynb #1a7e4f4e

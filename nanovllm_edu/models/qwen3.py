@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['PACKED_MODULES_MAPPING', 'head_dim_of', 'make_rope', 'Qwen3Attention', 'Qwen3MLP', 'Qwen3DecoderLayer', 'Qwen3Model',
-           'Qwen3ForCausalLM']
+           'safetensors_shapes', 'check_checkpoint_shapes', 'Qwen3ForCausalLM']
 
 # %% ../../notebooks/02_qwen3_model.ipynb #612e82e7
 from pathlib import Path
@@ -131,6 +131,37 @@ class Qwen3Model(nn.Module):
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
+# %% ../../notebooks/02_qwen3_model.ipynb #2ac9ecd2
+from safetensors import safe_open
+
+
+def safetensors_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    "Name -> shape of every tensor of a checkpoint folder, from the safetensors headers only (no data read)."
+    shapes = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
+    return shapes
+
+
+def check_checkpoint_shapes(hf_config, path: str | Path) -> None:
+    "Refuse a checkpoint whose config.json disagrees with its weights on layers, vocabulary or hidden size."
+    shapes = safetensors_shapes(path)
+    fix = f"; config.json and the weights in {path} must come from the same model"
+    layers = {int(name.split(".")[2]) for name in shapes if name.startswith("model.layers.")}
+    if layers and max(layers) + 1 != hf_config.num_hidden_layers:
+        raise ValueError(f"the weights hold {max(layers) + 1} decoder layers (tensors model.layers.0 .. "
+                         f"model.layers.{max(layers)}) but config.json says num_hidden_layers="
+                         f"{hf_config.num_hidden_layers}{fix}")
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name not in shapes:
+            continue
+        (vocab, hidden), want = shapes[name], (hf_config.vocab_size, hf_config.hidden_size)
+        for field, got, expected in [("vocab_size", vocab, want[0]), ("hidden_size", hidden, want[1])]:
+            if got != expected:
+                raise ValueError(f"tensor {name!r} has shape {shapes[name]}, i.e. {field} {got}, but "
+                                 f"config.json says {field}={expected}{fix}")
+
 # %% ../../notebooks/02_qwen3_model.ipynb #b2f0b576
 class Qwen3ForCausalLM(nn.Module):
     "Qwen3 for the engine: flattened tokens in, hidden states out; logits for the rows the engine picks."
@@ -172,16 +203,21 @@ class Qwen3ForCausalLM(nn.Module):
         """Load a Qwen3 checkpoint folder (config.json + *.safetensors), eval mode, its own dtype by default.
         With tp_size > 1 every rank reads the full checkpoint and keeps its own shard (notebook 12)."""
         path = Path(path)
+        if path.is_file():
+            raise FileNotFoundError(f"{path} is a file, not a model folder; pass the folder that holds "
+                                    f"config.json and *.safetensors (perhaps {path.parent})")
         if not path.is_dir():
             raise FileNotFoundError(f"no model folder at {path}")
         if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
             raise FileNotFoundError(f"{path} needs config.json and *.safetensors weights "
                                     "(a Hugging Face checkpoint folder)")
         hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+        check_checkpoint_shapes(hf_config, path)  # config vs weights, by name, before building anything
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         dtype = dtype or checkpoint_dtype(hf_config)
-        # build directly on the device, in the dtype: no float32 copy of the weights first
+        # build directly on the device, in the dtype: no float32 copy of the weights first. default_dtype
+        # holds a lock (the default dtype is process-global), so only the construction sits inside it
         with torch.device(device), default_dtype(dtype):
             model = cls(hf_config, tp_rank, tp_size)
         load_model(model, path)
