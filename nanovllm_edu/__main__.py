@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> None:
         llm = LLM(model, device=args.device)
     except (ValueError, OSError) as err:
         ap.exit(2, f"{ap.prog}: error: {err}\n")
+    runner = llm.model_runner
+    print(f"KV cache: {runner.num_kvcache_blocks} blocks of {runner.block_size} tokens "
+          f"({runner.num_kvcache_blocks * runner.block_bytes() / 2**20:.0f} MiB)", flush=True)
     with llm:
         # the first call pays one-time costs (kernel compilation, allocator growth): time the second
         llm.generate(DEMO_PROMPTS, SamplingParams(temperature=args.temperature,

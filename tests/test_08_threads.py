@@ -59,3 +59,11 @@ def test_one_engine_from_two_threads():
     together = run_in_threads({name: calls(llm, b) for name, b in batches.items()})
     assert together == alone
     assert llm.is_finished() and llm.block_manager.num_free_blocks == llm.model_runner.num_kvcache_blocks
+
+
+def test_cpu_kv_budget_follows_the_model_size():
+    """A tiny model gets a small cache by default (64 MiB), a big one at most the 1 GiB cap (and RAM / 8)."""
+    from nanovllm_edu.engine.model_runner import CPU_KV_BUDGET_BYTES, _cpu_kv_budget
+    assert _cpu_kv_budget(13_600_000) == 64 << 20
+    assert _cpu_kv_budget(100 << 20) == min(400 << 20, _cpu_kv_budget(1 << 40))
+    assert _cpu_kv_budget(1 << 40) <= CPU_KV_BUDGET_BYTES

@@ -11,6 +11,8 @@ def test_main_says_loading_then_reports_warm_throughput(capsys):
     main(["--max-tokens", "4", "--device", "cpu"])
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "loading tiny-qwen3 (device cpu) ..."
+    # the CPU cache is sized for the model (4x its 13.6 MB of weights, at least 64 MiB), and said
+    assert out.splitlines()[1] == "KV cache: 64 blocks of 256 tokens (64 MiB)"
     assert re.search(r"8 prompts \(\d+ prompt tokens, not counted below\), after one warm-up call:\n"
                      r"\d+ completion tokens in [\d.]+ s: \d+ tok/s on cpu \(tiny-qwen3\)", out), out
 
