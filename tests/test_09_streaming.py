@@ -198,3 +198,24 @@ def test_abort_requests_frees_waiting_and_half_prefilled_requests():
     assert engine.generate("def main():", GREEDY, use_tqdm=False)[0]["token_ids"] == \
         LLM(tiny_model_path(), num_kvcache_blocks=16, kvcache_block_size=16).generate(
             "def main():", GREEDY, use_tqdm=False)[0]["token_ids"]
+
+
+def test_streams_in_two_threads_match_their_single_thread_runs():
+    """Two threads, each consuming its own stream of one engine: each gets what it gets alone."""
+    import threading
+    llm = LLM(tiny_model_path(), device="cpu", max_num_seqs=8, num_kvcache_blocks=32, kvcache_block_size=16)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    jobs = [["Return the", "Create a new"], ["This module provides"]]
+    alone = [stream_texts(llm, prompts, params) for prompts in jobs]
+    got = [None, None]
+
+    def run(i):
+        got[i] = stream_texts(llm, jobs[i], params)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == alone
+    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks

@@ -56,8 +56,9 @@ def _events(llm, seqs) -> Iterator[StreamEvent]:
     index = {seq.seq_id: i for i, seq in enumerate(seqs)}
     sent_tokens, sent_text = dict.fromkeys(index, 0), dict.fromkeys(index, "")
     try:
-        for seq in seqs:
-            llm.scheduler.add(seq)
+        with llm.lock:  # another thread's generate or stream takes its turn, never half of ours
+            for seq in seqs:
+                llm.scheduler.add(seq)
         while True:
             # emit what is new since we last looked: tokens of our own step or of another stream's step
             for seq in seqs:
@@ -66,16 +67,22 @@ def _events(llm, seqs) -> Iterator[StreamEvent]:
             if aborted:
                 raise RuntimeError(f"the requests of prompts {aborted} of this stream were aborted outside it "
                                    "(llm.abort_all(), or an error in a step another caller ran)")
-            if all(seq.is_finished for seq in seqs):
-                return
             try:
-                llm.step()
+                with llm.lock:  # look and step at once: another thread's step may finish ours meanwhile
+                    done = all(seq.is_finished for seq in seqs)
+                    if not done:
+                        llm.step()
             except BaseException:
                 llm.abort_all()  # a step failed half-way: no request's state can be trusted (as in generate)
                 raise
+            if done:  # what another thread's step made since we last looked, then the end
+                for seq in seqs:
+                    yield from _new_events(llm, seq, index[seq.seq_id], sent_tokens, sent_text)
+                return
     finally:
         # GeneratorExit (the consumer stopped), an error: free this stream's blocks, nobody else's
-        abort_requests(llm, seqs)
+        with llm.lock:
+            abort_requests(llm, seqs)
 
 
 def _new_events(llm, seq, i: int, sent_tokens: dict, sent_text: dict) -> Iterator[StreamEvent]:
