@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['SUPPORTED_MODEL_TYPES', 'ATTENTION_BACKENDS', 'check_model_folder', 'is_int', 'is_real', 'check_bool',
-           'check_block_size', 'Config']
+           'check_block_size', 'eos_token_ids', 'checkpoint_eos_ids', 'Config']
 
 # %% ../notebooks/01_tokenizer.ipynb #18e06ce4
 import json
@@ -71,6 +71,29 @@ def check_block_size(block_size: int) -> int:
                          f"got {block_size!r}")
     return block_size
 
+# %% ../notebooks/01_tokenizer.ipynb #eos-code1
+def eos_token_ids(value, source: str = "eos") -> tuple[int, ...]:
+    """Stop-token ids as a tuple, in order and without repeats, from one id or a list (None: no ids)."""
+    ids = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
+    if not all(is_int(i) and i >= 0 for i in ids):
+        raise ValueError(f"{source} must be a token id >= 0 or a list of them, got {value!r}; "
+                         "pass eos=-1 to use the ids the checkpoint names")
+    return tuple(dict.fromkeys(ids))
+
+
+def checkpoint_eos_ids(model: str, config_json: dict) -> tuple[int, ...]:
+    """Every EOS id the checkpoint names: config.json's `eos_token_id`, then generation_config.json's."""
+    ids = eos_token_ids(config_json.get("eos_token_id"), "config.json's eos_token_id")
+    generation_file = Path(model, "generation_config.json")
+    if generation_file.is_file():
+        try:
+            generation = json.loads(generation_file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{str(generation_file)!r} is not valid JSON ({err}); restore or delete it") from None
+        ids += eos_token_ids(generation.get("eos_token_id"), f"{str(generation_file)!r}'s eos_token_id")
+    return tuple(dict.fromkeys(ids))
+
+
 # %% ../notebooks/01_tokenizer.ipynb #9c787663
 @dataclass
 class Config:
@@ -88,14 +111,14 @@ class Config:
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
     device: str = "auto"
-    eos: int = -1  # filled from the checkpoint
+    eos: int | tuple[int, ...] = -1  # stop token id(s); -1: every EOS id the checkpoint names
     hf_config: PretrainedConfig | None = None  # filled from the checkpoint
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)):
             raise ValueError(f"model must be a checkpoint folder path (str or Path), got {self.model!r}")
         self.model = str(Path(self.model).expanduser())
-        check_model_folder(self.model)
+        config_json = check_model_folder(self.model)
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "tensor_parallel_size"):
             value = getattr(self, name)
             if not is_int(value) or value < 1:  # strict: True, 2.0 and "16" are refused
@@ -108,8 +131,8 @@ class Config:
             raise ValueError(f"gpu_memory_utilization must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
         for name in ("enforce_eager", "async_scheduling", "enable_prefix_caching"):
             check_bool(name, getattr(self, name))
-        if not is_int(self.eos):
-            raise ValueError(f"eos must be a token id (an integer; -1 reads it from the checkpoint), got {self.eos!r}")
+        if self.eos != -1:
+            self.eos = eos_token_ids(self.eos)
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend={self.attention_backend!r} is unknown; choose one of {ATTENTION_BACKENDS}")
         if self.device not in DEVICE_CHOICES:
@@ -122,5 +145,7 @@ class Config:
                              f"and KV heads ({cfg.num_key_value_heads}) of this model")
         self.max_model_len = min(self.max_model_len, cfg.max_position_embeddings)
         if self.eos == -1:
-            eos = cfg.eos_token_id
-            self.eos = eos[0] if isinstance(eos, (list, tuple)) else (eos if eos is not None else -1)
+            self.eos = checkpoint_eos_ids(self.model, config_json)
+        if any(i >= cfg.vocab_size for i in self.eos):
+            raise ValueError(f"eos={self.eos} names a token id beyond the vocabulary ({cfg.vocab_size} tokens); "
+                             "pass ids of this model's tokenizer")

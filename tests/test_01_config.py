@@ -11,7 +11,7 @@ from nanovllm_edu.sampling_params import SamplingParams
 def test_config_reads_the_checkpoint():
     config = Config(tiny_model_path())
     assert config.hf_config.model_type == "qwen3"
-    assert config.eos == config.hf_config.eos_token_id
+    assert config.eos == (config.hf_config.eos_token_id,)
     assert config.max_model_len <= config.hf_config.max_position_embeddings
 
 

@@ -16,7 +16,7 @@ EOS = 0
 
 
 def make(num_blocks=32, block_size=16, caching=False, **cfg):
-    fields = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 1024, "eos": EOS} | cfg
+    fields = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 1024, "eos": (EOS,)} | cfg
     return Scheduler(SimpleNamespace(**fields), make_block_manager(num_blocks, block_size, caching))
 
 

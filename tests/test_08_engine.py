@@ -151,3 +151,22 @@ def test_interrupted_generate_frees_everything(llm, reference_tokens):
         llm.model_runner.launch = original
     assert llm.scheduler.is_finished()
     assert [o["token_ids"] for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == reference_tokens
+
+
+def test_engine_stops_on_the_second_eos_id_of_generation_config(tmp_path):
+    """Qwen3's generation_config.json names two EOS ids; the engine stops on either (unless ignore_eos)."""
+    import json
+    import shutil
+
+    folder = tmp_path / "tiny"
+    shutil.copytree(tiny_model_path(), folder)
+    prompt, first_eos = "Return the", 4091
+    free_run = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    free = LLM(str(folder), **SMALL).generate([prompt], free_run, use_tqdm=False)[0]["token_ids"]
+    stop_at = next(i for i in range(2, len(free)) if first_eos not in free[:i + 1] and free[i] not in free[:i])
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [first_eos, free[stop_at]]}))
+    llm = LLM(str(folder), **SMALL)
+    assert llm.config.eos == (first_eos, free[stop_at])
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)[0]
+    assert out["token_ids"] == free[:stop_at + 1] and out["finish_reason"] == "stop"
+    assert llm.generate([prompt], free_run, use_tqdm=False)[0]["token_ids"] == free

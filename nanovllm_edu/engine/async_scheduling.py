@@ -83,7 +83,7 @@ class AsyncScheduler(Scheduler):
             if index >= seq.num_tokens:  # the sequence stopped at an earlier EOS: this token is void
                 continue
             fill_placeholder(seq, index, token)
-            if token == self.eos and not seq.sampling_params.ignore_eos:
+            if token in self.eos_token_ids and not seq.sampling_params.ignore_eos:
                 stop_at(seq, index)
                 if seq.is_finished:
                     seq.finish_reason = "stop"

@@ -44,8 +44,9 @@ class LLMEngine:
     def __init__(self, model: str, **engine_args):
         self.config = Config(model, **engine_args)
         self.tokenizer = load_tokenizer(self.config.model)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            self.config.eos = self.tokenizer.eos_token_id
+        tokenizer_eos = None if self.tokenizer is None else self.tokenizer.eos_token_id
+        if "eos" not in engine_args and tokenizer_eos is not None and tokenizer_eos not in self.config.eos:
+            self.config.eos += (tokenizer_eos,)  # the tokenizer's EOS stops too, unless the user chose eos=
         self.model_runner = self.runner_class(self.config)
         self.block_manager = self.make_block_manager(self.model_runner.num_kvcache_blocks)
         self.scheduler = self.scheduler_class(self.config, self.block_manager)

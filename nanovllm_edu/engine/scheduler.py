@@ -18,7 +18,7 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
-        self.eos = config.eos
+        self.eos_token_ids = frozenset(config.eos)  # every id that ends a sequence (notebook 01)
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
@@ -168,7 +168,7 @@ def postprocess(self: Scheduler, seqs: list[Sequence], token_ids: list[int]) -> 
             continue
         token = next(tokens)
         seq.append_token(token)
-        if token == self.eos and not seq.sampling_params.ignore_eos:
+        if token in self.eos_token_ids and not seq.sampling_params.ignore_eos:
             self._finish(seq, "stop")
         elif seq.num_completion_tokens >= seq.sampling_params.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish(seq, "length")
