@@ -53,5 +53,5 @@ def main(argv: list[str] | None = None) -> None:
           f"on {llm.model_runner.device.type} ({Path(llm.config.model).name})")
 
 
-if __name__ == "__main__" and "ipykernel" not in sys.modules:  # a notebook kernel runs as __main__ too
+if __name__ == "__main__" and "IPython" not in sys.modules:  # a notebook's cells run as __main__ too
     main()
