@@ -6,6 +6,7 @@
 # $OUT/gpu_suite.tgz, with the summary in $OUT/summary.txt.
 #
 #   bash scripts/gpu_suite.sh [tests] [notebooks] [bench] [sync] [eager] [tp] [graphs]      (no argument: all)
+#   NOTEBOOKS="notebooks/13_benchmark.ipynb" bash scripts/gpu_suite.sh notebooks                (some notebooks)
 #
 # Uses the machine's own python3 (torch, triton, transformers, safetensors, xxhash, tqdm, matplotlib); the
 # package is imported from this checkout. pytest's nbval options are dropped: notebooks are compared with their
@@ -18,7 +19,7 @@ export NANOVLLM_EDU_TP_TIMEOUT="${NANOVLLM_EDU_TP_TIMEOUT:-120}"  # a stuck coll
 RESULTS="${RESULTS:-out}"
 mkdir -p "$RESULTS"
 # Pure-Python packages the GPU machine lacks (it has no network): fastcore (a dependency of the package) and, for
-# the notebooks, IPython and ipywidgets with their dependencies. Carry their wheels in .whl/ (pip download
+# the notebooks, IPython, ipywidgets and nbformat (the labs) with their dependencies. Carry their wheels in .whl/ (pip download
 # --no-deps -d .whl NAME==VERSION, for Python 3.12); they are installed into .whl/site here.
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target .whl/site .whl/*.whl 2>&1 | tail -2
@@ -63,7 +64,7 @@ for stage in "${stages[@]}"; do
       # on the GPU, GPU-only cells run live and write their records into figures/ (copied to $RESULTS/figures)
       mkdir -p "$RESULTS/notebooks" "$RESULTS/figures"
       touch "$RESULTS/.start"
-      timeout "${NOTEBOOKS_LIMIT_S:-900}" python3 scripts/run_notebook.py notebooks/*.ipynb --log-dir "$RESULTS/notebooks" \
+      timeout "${NOTEBOOKS_LIMIT_S:-900}" python3 scripts/run_notebook.py ${NOTEBOOKS:-notebooks/*.ipynb} --log-dir "$RESULTS/notebooks" \
         --timeout "${NOTEBOOK_LIMIT_S:-300}" 2>&1 | tee "$RESULTS/notebooks.log" || status=1
       find figures -maxdepth 1 -name "*.json" -newer "$RESULTS/.start" -exec cp {} "$RESULTS/figures/" \; ;;
     graphs)

@@ -13,7 +13,7 @@ import tempfile
 
 import torch
 
-from nanovllm_edu.bench import build_random_checkpoint, random_weights_config
+from nanovllm_edu.bench import random_weights_checkpoint
 from nanovllm_edu.llm import LLM
 from nanovllm_edu.engine.step_inputs import StepInputs
 
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--json", default="figures/cuda_graphs.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model or str(build_random_checkpoint(random_weights_config("qwen3-0.6b"), tmp))
+        model = args.model or random_weights_checkpoint("qwen3-0.6b", tmp)
         llm = LLM(model, max_num_seqs=512, max_model_len=4096)
         result = measure(llm, args.context)
     with open(args.json, "w") as f:

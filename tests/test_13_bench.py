@@ -1,9 +1,13 @@
 """The benchmark (notebook 13): workload, hardware limit, random-weight checkpoints, the CLI end to end."""
 import json
 import random
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
+
+from nanovllm_edu import SamplingParams
 
 from nanovllm_edu.bench import (ANCHORS, ModelShape, build_random_checkpoint, checkpoint_shapes, decode_batch_sizes, fit_to_vocab,
                                 hardware_limit, main, make_workload, random_weights_config, workload_cost)
@@ -206,3 +210,25 @@ def test_cli_engine_error_after_loading_is_one_line(capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
     assert err.startswith("error: ") and "num_kvcache_blocks" in err
+
+
+def test_named_random_checkpoint_carries_generation_config_and_qwen3_tokenizer(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from nanovllm_edu.bench import RANDOM_WEIGHTS_CONFIGS, random_weights_checkpoint
+    from nanovllm_edu.engine.llm_engine import LLMEngine
+
+    small = tmp_path / "small"
+    small.mkdir()
+    config = random_weights_config("qwen3-0.6b") | {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
+                                                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+    (small / "config.json").write_text(json.dumps(config))
+    shutil.copy(Path(RANDOM_WEIGHTS_CONFIGS["qwen3-0.6b"]()).with_name("generation_config.json"), small)
+    monkeypatch.setitem(RANDOM_WEIGHTS_CONFIGS, "small", lambda: str(small / "config.json"))
+    folder = random_weights_checkpoint("small", tmp_path / "ckpt", dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    assert len(tokenizer) == 151669 and tokenizer.eos_token_id == 151645
+    engine = LLMEngine(folder, num_kvcache_blocks=8, kvcache_block_size=16, max_num_seqs=4)
+    assert engine.config.eos == (151645, 151643)
+    out = engine.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
+    assert len(out["token_ids"]) == 4 and out["text"] == tokenizer.decode(out["token_ids"], skip_special_tokens=True)

@@ -4,19 +4,21 @@
 __all__ = ['ANCHORS', 'NANO_VLLM_MID_TOK_S', 'anchor_ratios', 'MIN_LEN', 'TOKEN_ID_HIGH', 'WARMUP_SEQS', 'WARMUP_TOKENS',
            'Workload', 'make_workload', 'fit_to_vocab', 'warmup_workload', 'sampling_params_for',
            'RANDOM_WEIGHTS_CONFIGS', 'random_weights_config', 'checkpoint_shapes', 'build_random_checkpoint',
-           'ModelShape', 'workload_cost', 'hardware_limit', 'DATASHEET_BF16_FLOPS', 'measure_copy_bandwidth',
-           'measure_bf16_flops', 'datasheet_bf16_flops', 'measure_rates', 'PARTS', 'StepTimer', 'time_generate',
-           'step_breakdown', 'run_hf', 'time_collectives', 'COLLECTIVE_BATCH_SIZES', 'decode_batch_sizes',
-           'collective_fields', 'LIMIT_KEYS', 'library_versions', 'engine_config_dict', 'limit_fields', 'engine_fields',
-           'hf_fields', 'run_benchmark', 'ENGINE_ARGS', 'parse_args', 'engine_args_from', 'report', 'main']
+           'random_weights_checkpoint', 'ModelShape', 'workload_cost', 'hardware_limit', 'DATASHEET_BF16_FLOPS',
+           'measure_copy_bandwidth', 'measure_bf16_flops', 'datasheet_bf16_flops', 'measure_rates', 'PARTS',
+           'StepTimer', 'time_generate', 'step_breakdown', 'run_hf', 'time_collectives', 'COLLECTIVE_BATCH_SIZES',
+           'decode_batch_sizes', 'collective_fields', 'LIMIT_KEYS', 'library_versions', 'engine_config_dict',
+           'limit_fields', 'engine_fields', 'hf_fields', 'run_benchmark', 'ENGINE_ARGS', 'parse_args',
+           'engine_args_from', 'report', 'main']
 
 # %% ../../notebooks/13_benchmark.ipynb #0da8eee4
 """`python -m nanovllm_edu.bench`: throughput on nano-vllm's benchmark workload, against the anchors and the
 hardware limit (exported from notebooks/13_benchmark.ipynb). The modules, in the order the notebook builds
 them: anchors, workload, checkpoint, hardware, timing, collectives, record, (plots), cli."""
 from .anchors import ANCHORS, NANO_VLLM_MID_TOK_S, anchor_ratios
-from .checkpoint import (
-    RANDOM_WEIGHTS_CONFIGS, build_random_checkpoint, checkpoint_shapes, random_weights_config)
+from nanovllm_edu.bench.checkpoint import (
+    RANDOM_WEIGHTS_CONFIGS, build_random_checkpoint, checkpoint_shapes, random_weights_checkpoint,
+    random_weights_config)
 from .cli import ENGINE_ARGS, engine_args_from, main, parse_args, report
 from .collectives import (
     COLLECTIVE_BATCH_SIZES, collective_fields, decode_batch_sizes, time_collectives)
@@ -35,6 +37,7 @@ _all_ = [  # nbdev adds these to __all__ (imports are not in it by default)
     "MIN_LEN", "TOKEN_ID_HIGH", "WARMUP_SEQS", "WARMUP_TOKENS", "Workload", "make_workload", "fit_to_vocab",
     "warmup_workload", "sampling_params_for",
     "RANDOM_WEIGHTS_CONFIGS", "random_weights_config", "checkpoint_shapes", "build_random_checkpoint",
+    "random_weights_checkpoint",
     "ModelShape", "workload_cost", "hardware_limit", "DATASHEET_BF16_FLOPS", "measure_copy_bandwidth",
     "measure_bf16_flops", "datasheet_bf16_flops", "measure_rates",
     "PARTS", "StepTimer", "time_generate", "step_breakdown", "run_hf",

@@ -9,5 +9,5 @@ import sys
 from .cli import main
 
 # The notebook runs this cell too: only a real command line starts a benchmark.
-if __name__ == "__main__" and "ipykernel" not in sys.modules:
+if __name__ == "__main__" and "IPython" not in sys.modules:  # a notebook's cells run as __main__ too
     main()

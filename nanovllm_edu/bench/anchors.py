@@ -7,17 +7,17 @@ __all__ = ['ANCHORS', 'NANO_VLLM_MID_TOK_S', 'anchor_ratios']
 """The anchors: what other engines and the hardware reach on the benchmark's workload (exported from
 notebooks/13_benchmark.ipynb)."""
 
-# Measured on one H200 for the default workload (the course's reference runs); ranges: (low, high) of three runs.
+# Measured on one H200 for the default workload; ranges: (low, high) over the runs. Sources: figures/anchors.md.
 ANCHORS = {
     "device": "NVIDIA H200",
     "total_tokens": 133_966,
-    "nano_vllm_tok_s": (16_300, 18_200),
-    "nano_vllm_seconds": (7.35, 8.23),
+    "nano_vllm_tok_s": (16_169, 19_006),
+    "nano_vllm_seconds": (7.05, 8.29),
     "nano_vllm_eager_tok_s": 4_930,
     "transformers_tok_s": 753,
     "nano_vllm_tp2_tok_s": (17_300, 18_200),
-    "hardware_limit_tok_s": 35_800,
-    "hardware_limit_seconds": 3.74,
+    "hardware_limit_tok_s": 35_900,
+    "hardware_limit_seconds": 3.73,
 }
 NANO_VLLM_MID_TOK_S = sum(ANCHORS["nano_vllm_tok_s"]) / 2
 

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .checkpoint import RANDOM_WEIGHTS_CONFIGS, build_random_checkpoint, random_weights_config
+from .checkpoint import RANDOM_WEIGHTS_CONFIGS, random_weights_checkpoint
 from .record import run_benchmark
 from .workload import MIN_LEN, make_workload, sampling_params_for
 from ..config import ATTENTION_BACKENDS
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
         check_setup(str(config_folder or args.model or tiny_model_path()), engine_args_from(args), workload)
         with tempfile.TemporaryDirectory(prefix="nanovllm_edu_bench_") as tmp:
             if random_name:
-                model = build_random_checkpoint(random_weights_config(random_name), tmp)
+                model = random_weights_checkpoint(random_name, tmp)
                 label = f"random-weights:{random_name}"
             else:
                 model = label = args.model or tiny_model_path()

@@ -17,10 +17,10 @@ MAX_CAPTURE_SIZE = 512
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
-    """Batch sizes to capture: 1, 2, 4, 8, then every 16 up to max_num_seqs rounded up (at most 512)."""
-    top = min(MAX_CAPTURE_SIZE, -(-max_num_seqs // 16) * 16) if max_num_seqs > 8 else max_num_seqs
-    small = [bs for bs in (1, 2, 4, 8) if bs <= max(top, 1)]
-    return sorted(set(small + list(range(16, top + 1, 16))))
+    """Batch sizes to capture: 1, 2, 4, 8, then every 16, up to the first that holds max_num_seqs (at most 512)."""
+    candidates = [1, 2, 4, 8] + list(range(16, MAX_CAPTURE_SIZE + 1, 16))
+    top = next((bs for bs in candidates if bs >= max_num_seqs), MAX_CAPTURE_SIZE)
+    return [bs for bs in candidates if bs <= top]
 
 # %% ../../notebooks/11_cuda_graphs.ipynb #f4f9a16b
 class CUDAGraphRunner:

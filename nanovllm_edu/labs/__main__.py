@@ -37,5 +37,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__" and "ipykernel" not in sys.modules:  # a notebook kernel runs as __main__ too
+if __name__ == "__main__" and "IPython" not in sys.modules:  # a notebook's cells run as __main__ too
     sys.exit(main())
