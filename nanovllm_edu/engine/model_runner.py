@@ -49,7 +49,7 @@ class ModelRunner:
         """Release what outlives the runner (nothing here; tensor parallelism stops its workers)."""
 
 # %% ../../notebooks/08_engine.ipynb #b90c823b
-CPU_KV_BUDGET_BYTES = 1 << 30  # CPU cache cap (zero-filling more costs seconds); also at most an eighth of RAM
+CPU_KV_BUDGET_BYTES = 1 << 30  # CPU cache cap (the cache is zero-filled at start); also at most an eighth of RAM
 CPU_KV_MIN_BYTES = 64 << 20  # ... and at most 4x the weights, but never below this: a tiny model gets 64 MiB
 
 

@@ -26,7 +26,7 @@ def exponential_race(logits: torch.Tensor, temperatures: torch.Tensor,
     logits = logits.float()
     probs = torch.softmax(logits / temperatures.clamp(min=1e-5).unsqueeze(1), dim=-1)
     if noise is None:
-        noise = -torch.log(torch.rand_like(probs))  # Exp(1) as -log(U): on a CPU 6x faster than exponential_
+        noise = -torch.log(torch.rand_like(probs))  # Exp(1) as -log(U) (faster than exponential_ on a CPU)
     return torch.where(temperatures == 0, logits.argmax(dim=-1), probs.div(noise).argmax(dim=-1))
 
 # %% ../../notebooks/08_engine.ipynb #ac25b45d
