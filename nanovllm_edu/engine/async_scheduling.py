@@ -84,14 +84,15 @@ class AsyncScheduler(Scheduler):
                 continue
             fill_placeholder(seq, index, token)
             if token in self.eos_token_ids and not seq.sampling_params.ignore_eos:
-                stop_at(seq, index)
-                if seq.is_finished:
-                    seq.finish_reason = "stop"
-                else:
-                    self._finish(seq, "stop")
+                self.stop(seq, index)
             if seq.is_finished and index == seq.num_tokens - 1:
                 finished.append(seq)
         return finished
+
+    def stop(self, seq: Sequence, index: int) -> None:
+        """End `seq` after its known token `index`; the placeholders planned after it are dropped."""
+        stop_at(seq, index)
+        super().stop(seq, index)
 
     def can_schedule_ahead(self) -> bool:
         """Whether the next step can be planned before the tokens of the one in flight are known: a decode
@@ -190,7 +191,7 @@ class AsyncLLMEngine(LLMEngine):
     def complete(self, step: InflightStep) -> tuple[list[Sequence], int]:
         """Wait for a launched step's tokens and commit them; returns the sequences it finished."""
         finished = self.scheduler.commit(step.pending, self.model_runner.token_ids(step.output))
-        return finished, step.num_tokens
+        return self.record_outputs(step.output, step.pending, finished), step.num_tokens
 
     def steps(self) -> Iterator[tuple[list[Sequence], int]]:
         """Like `LLMEngine.steps`, but launch the next step while the device still runs the one in flight

@@ -194,3 +194,14 @@ def abort_all(self: Scheduler) -> None:
     self.running.clear()
     self.waiting.clear()
     self.prefilling = None
+
+# %% ../../notebooks/07_scheduler.ipynb #stop-code
+@patch
+def stop(self: Scheduler, seq: Sequence, index: int) -> None:
+    """End `seq` with "stop" after its token at `index` (its newest): a stop token or string the engine found."""
+    if index != seq.num_tokens - 1:
+        raise ValueError(f"stop: token {index} is not the newest of sequence {seq.seq_id} ({seq.num_tokens} tokens)")
+    if seq.is_finished:  # it reached its length with this very token: the stop names the reason
+        seq.finish_reason = "stop"
+    else:
+        self._finish(seq, "stop")

@@ -1,0 +1,198 @@
+"""vLLM's sampling fields end to end on CPU: penalties and min_p, logprobs against transformers' logits, stop
+strings and stop ids, results, chat, and the refusals of what is not served yet (issue: vLLM-compatible sampling)."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from nanovllm_edu import LLM, SamplingParams
+from nanovllm_edu.assets import tiny_model_path
+
+from helpers import make_random_qwen3_checkpoint
+
+SMALL = dict(max_num_seqs=8, num_kvcache_blocks=64, kvcache_block_size=16)
+PROMPTS = ["Return the", "This module provides a class that", "Raise ValueError if the"]
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["async", "sync"])
+def llm(request):
+    return LLM(tiny_model_path(), async_scheduling=request.param, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return AutoModelForCausalLM.from_pretrained(tiny_model_path(), local_files_only=True).eval()
+
+
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0, -1].float()
+
+
+def reference_penalised_greedy(hf, prompt: list[int], steps: int, presence=0.0, frequency=0.0, repetition=1.0):
+    """Greedy decoding step by step on transformers' logits, penalised as vLLM defines it (a plain loop)."""
+    out = []
+    for _ in range(steps):
+        logits = hf_logits(hf, prompt + out).clone()
+        for token in set(prompt) | set(out):
+            logits[token] = logits[token] / repetition if logits[token] > 0 else logits[token] * repetition
+        for token in set(out):
+            logits[token] -= frequency * out.count(token) + presence
+        out.append(int(logits.argmax()))
+    return out
+
+
+@pytest.mark.parametrize("penalties", [dict(repetition=1.8), dict(presence=1.5), dict(frequency=0.7),
+                                       dict(presence=0.5, frequency=0.5, repetition=1.3)])
+def test_penalties_equal_a_step_by_step_reference(llm, hf, penalties):
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, presence_penalty=penalties.get("presence", 0.0),
+                            frequency_penalty=penalties.get("frequency", 0.0),
+                            repetition_penalty=penalties.get("repetition", 1.0))
+    prompts = [llm.tokenizer.encode(p) for p in PROMPTS]
+    outs = llm.generate(prompts, [params] * len(prompts), use_tqdm=False)
+    plain = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    for prompt, out, base in zip(prompts, outs, plain):
+        assert out["token_ids"] == reference_penalised_greedy(hf, prompt, 16, **penalties)
+    assert any(o["token_ids"] != b["token_ids"] for o, b in zip(outs, plain))  # the penalty did something
+    assert not llm.model_runner.token_counts.row_of  # every finished request gave its row back
+
+
+def test_penalised_and_plain_requests_share_a_batch(llm, hf):
+    prompts = [llm.tokenizer.encode(p) for p in PROMPTS]
+    mixed = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, repetition_penalty=2.0),
+             SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+             SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, frequency_penalty=1.0)]
+    outs = llm.generate(prompts, mixed, use_tqdm=False)
+    assert outs[0]["token_ids"] == reference_penalised_greedy(hf, prompts[0], 12, repetition=2.0)
+    assert outs[1]["token_ids"] == reference_penalised_greedy(hf, prompts[1], 12)
+    assert outs[2]["token_ids"] == reference_penalised_greedy(hf, prompts[2], 12, frequency=1.0)
+
+
+def test_penalties_survive_preemption(hf):
+    tight = LLM(tiny_model_path(), max_num_seqs=8, num_kvcache_blocks=6, kvcache_block_size=16)
+    prompts = [tight.tokenizer.encode(p) * 3 for p in PROMPTS]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.6, presence_penalty=0.3)
+    outs = tight.generate(prompts, params, use_tqdm=False)
+    assert tight.scheduler.num_preemptions > 0
+    for prompt, out in zip(prompts, outs):
+        assert out["token_ids"] == reference_penalised_greedy(hf, prompt, 20, presence=0.3, repetition=1.6)
+
+
+def test_logprobs_are_the_raw_distribution_of_transformers(llm, hf):
+    prompt = llm.tokenizer.encode(PROMPTS[1])
+    for params in (SamplingParams(temperature=0, max_tokens=6, logprobs=3),
+                   SamplingParams(temperature=1.3, top_k=5, max_tokens=6, logprobs=0, seed=11, repetition_penalty=1.2)):
+        out = llm.generate([prompt], params, use_tqdm=False)[0]
+        assert len(out["logprobs"]) == len(out["token_ids"]) and out["outputs"][0]["logprobs"] == out["logprobs"]
+        total = 0.0
+        for i, (token, top) in enumerate(zip(out["token_ids"], out["logprobs"])):
+            reference = torch.log_softmax(hf_logits(hf, prompt + out["token_ids"][:i]), -1)
+            best = reference.topk(params.logprobs).indices.tolist()
+            assert set(top) == set(best) | {token} and len(top) in (params.logprobs, params.logprobs + 1)
+            for t, lp in top.items():
+                assert abs(lp - reference[t].item()) < 2e-3
+            total += top[token]
+        assert out["cumulative_logprob"] == pytest.approx(total, abs=1e-4)
+
+
+def test_min_p_one_is_greedy_and_min_p_narrows_sampling(llm):
+    prompts = [llm.tokenizer.encode(p) for p in PROMPTS]
+    greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)
+    min_p_one = llm.generate(prompts, SamplingParams(temperature=1.0, min_p=1.0, max_tokens=10), use_tqdm=False)
+    assert [o["token_ids"] for o in min_p_one] == [o["token_ids"] for o in greedy]
+    params = SamplingParams(temperature=1.5, min_p=0.3, max_tokens=1, logprobs=50)
+    firsts = llm.generate([prompts[0]] * 16, [SamplingParams(**{**params.__dict__, "seed": s}) for s in range(16)],
+                          use_tqdm=False)
+    for out in firsts:  # every sampled token had at least 0.3 x the best probability at T = 1.5
+        lps = out["logprobs"][0]
+        best = max(lps.values())
+        assert (lps[out["token_ids"][0]] - best) / 1.5 >= torch.log(torch.tensor(0.3)).item() - 1e-4
+
+
+def test_stop_strings_end_the_text_before_them(llm):
+    plain = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    for prompt, ref in zip(PROMPTS, plain):
+        stop = ref["text"][5:9]  # four characters from inside the completion, likely spanning a token boundary
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, stop=[stop, "never seen"]),
+                           use_tqdm=False)[0]
+        cut = ref["text"].index(stop)
+        assert out["text"] == ref["text"][:cut] and out["finish_reason"] == "stop" and out["stop_reason"] == stop
+        n = len(out["token_ids"])
+        assert out["token_ids"] == ref["token_ids"][:n]
+        assert stop in llm.tokenizer.decode(out["token_ids"]) and stop not in llm.tokenizer.decode(out["token_ids"][:-1])
+
+
+def test_stop_token_ids_and_both_eos_paths(llm):
+    ref = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)[0]
+    ids = ref["token_ids"]
+    k = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])
+    out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
+                                                    stop_token_ids=[ids[k]]), use_tqdm=False)[0]
+    assert out["token_ids"] == ids[:k + 1] and out["finish_reason"] == "stop" and out["stop_reason"] == ids[k]
+    assert out["text"] == llm.tokenizer.decode(ids[:k], skip_special_tokens=True)  # the stop id's text is left out
+    at_length = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=k + 1, ignore_eos=True,
+                                                          stop_token_ids=[ids[k]]), use_tqdm=False)[0]
+    assert at_length["finish_reason"] == "stop" and at_length["stop_reason"] == ids[k]  # a stop wins over length
+    eos = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    for out in eos:
+        if out["finish_reason"] == "stop":
+            assert out["token_ids"][-1] in llm.config.eos and out["stop_reason"] is None
+
+
+def test_result_fields(llm):
+    out = llm.generate(["Return the"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
+    assert set(out) == {"text", "token_ids", "finish_reason", "stop_reason", "num_cached_tokens", "prompt_token_ids",
+                        "logprobs", "prompt_logprobs", "cumulative_logprob", "outputs"}
+    assert out["prompt_token_ids"] == llm.tokenizer.encode("Return the") and out["logprobs"] is None
+    assert out["cumulative_logprob"] is None and out["prompt_logprobs"] is None
+    assert out["outputs"] == [{k: out[k] for k in ("text", "token_ids", "finish_reason", "stop_reason", "logprobs",
+                                                  "cumulative_logprob")}]
+
+
+def test_chat_equals_generate_on_the_templated_ids(llm):
+    conversations = [[{"role": "user", "content": "Return the"}],
+                     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Create a new"}]]
+    params = SamplingParams(temperature=0, max_tokens=8)
+    chats = llm.chat(conversations, params, use_tqdm=False)
+    ids = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True),
+                                add_special_tokens=False) for c in conversations]
+    assert [c["token_ids"] for c in chats] == [o["token_ids"] for o in llm.generate(ids, params, use_tqdm=False)]
+    assert chats[0]["prompt_token_ids"] == ids[0]
+    assert llm.chat(conversations[0], params, use_tqdm=False)[0]["token_ids"] == chats[0]["token_ids"]
+    for bad in ([{"content": "no role"}], "Return the", [], [[]]):
+        with pytest.raises(ValueError, match="messages must be a conversation"):
+            llm.chat(bad)
+
+
+@pytest.mark.parametrize("params, message", [
+    (dict(n=2), r"n=2: this engine returns one completion per prompt"),
+    (dict(prompt_logprobs=0), r"prompt_logprobs=0: prompt logprobs are not served yet"),
+    (dict(stop_token_ids=[4096]), r"stop_token_ids holds 4096, outside the vocabulary \[0, 4096\)"),
+    (dict(logprobs=5000), r"logprobs=5000 asks for more tokens than the vocabulary holds"),
+])
+def test_what_is_not_served_is_refused_before_any_work(llm, params, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate(PROMPTS, [SamplingParams(), SamplingParams(**params), SamplingParams()], use_tqdm=False)
+    assert llm.is_finished()
+    assert llm.generate(["Return the"], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)[0]["token_ids"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(min_p=-0.1), r"min_p must be in \[0, 1\]"), (dict(repetition_penalty=0.0), r"repetition_penalty must be a number > 0"),
+    (dict(presence_penalty=float("nan")), r"presence_penalty must be a finite number"),
+    (dict(frequency_penalty="1"), r"frequency_penalty must be a finite number"), (dict(n=0), r"n must be an integer >= 1"),
+    (dict(logprobs=True), r"logprobs must be None or an integer >= 0"), (dict(prompt_logprobs=-2), r"prompt_logprobs must be"),
+    (dict(stop=["ok", ""]), r"stop must be None, a non-empty string"), (dict(stop=5), r"stop must be None"),
+    (dict(stop_token_ids=7), r"stop_token_ids must be None or a list of token ids"),
+])
+def test_bad_sampling_values_are_refused_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_stop_strings_need_a_tokenizer(tmp_path):
+    folder = make_random_qwen3_checkpoint(tmp_path)
+    weights_only = LLM(str(folder), num_kvcache_blocks=8, kvcache_block_size=16)
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        weights_only.generate([[1, 2, 3]], SamplingParams(stop="x"), use_tqdm=False)
+    out = weights_only.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3, logprobs=1), use_tqdm=False)[0]
+    assert len(out["logprobs"]) == 3 and out["text"] == ""
