@@ -164,7 +164,6 @@ def test_chat_equals_generate_on_the_templated_ids(llm):
 
 
 @pytest.mark.parametrize("params, message", [
-    (dict(n=2), r"n=2: this engine returns one completion per prompt"),
     (dict(prompt_logprobs=0), r"prompt_logprobs=0: prompt logprobs are not served yet"),
     (dict(stop_token_ids=[4096]), r"stop_token_ids holds 4096, outside the vocabulary \[0, 4096\)"),
     (dict(logprobs=5000), r"logprobs=5000 asks for more tokens than the vocabulary holds"),
@@ -196,3 +195,56 @@ def test_stop_strings_need_a_tokenizer(tmp_path):
         weights_only.generate([[1, 2, 3]], SamplingParams(stop="x"), use_tqdm=False)
     out = weights_only.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3, logprobs=1), use_tqdm=False)[0]
     assert len(out["logprobs"]) == 3 and out["text"] == ""
+
+
+class PrefillTokens:
+    """Counts the prompt tokens the engine's prefill steps compute."""
+
+    def __init__(self, engine):
+        self.engine, self.tokens = engine, 0
+
+    def run(self, prompts, params):
+        seqs = self.engine.make_requests(prompts, params)
+        for seq in seqs:
+            self.engine.scheduler.add(seq)
+        for _, num_tokens in self.engine.steps():
+            self.tokens += max(num_tokens, 0)
+        return [self.engine.result(seq) for seq in seqs]
+
+
+def test_n_completions_share_one_prefill(llm):
+    prompt = llm.tokenizer.encode("This module provides a class that " * 3)  # 2 full blocks and a partial one
+    counter = PrefillTokens(llm)
+    out = counter.run([prompt], SamplingParams(temperature=1.0, seed=5, max_tokens=12, n=4))[0]
+    assert counter.tokens == len(prompt)  # one prompt's worth, not four
+    texts = [o["token_ids"] for o in out["outputs"]]
+    assert len(texts) == 4 and len({tuple(t) for t in texts}) > 1 and out["token_ids"] == texts[0]
+    again = llm.generate([prompt], SamplingParams(temperature=1.0, seed=5, max_tokens=12, n=4), use_tqdm=False)[0]
+    assert [o["token_ids"] for o in again["outputs"]] == texts  # seeded: each completion is reproducible
+    alone = [llm.generate([prompt], SamplingParams(temperature=1.0, seed=5 + i, max_tokens=12), use_tqdm=False)[0]
+             for i in range(4)]
+    assert [a["token_ids"] for a in alone] == texts  # completion i is the request with seed + i
+    llm.block_manager.check_invariants([])
+    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks - len(
+        [b for b in llm.block_manager.blocks if b.ref_count])
+
+
+def test_n_greedy_completions_equal_greedy_and_keep_their_own_fields(llm):
+    prompts = [llm.tokenizer.encode(p) for p in PROMPTS]
+    greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10, n=3, logprobs=1), use_tqdm=False)
+    for out, ref in zip(outs, greedy):
+        assert [o["token_ids"] for o in out["outputs"]] == [ref["token_ids"]] * 3
+        assert all(len(o["logprobs"]) == len(o["token_ids"]) for o in out["outputs"])
+        assert out["prompt_token_ids"] == ref["prompt_token_ids"]
+
+
+def test_n_completions_survive_preemption():
+    tight = LLM(tiny_model_path(), max_num_seqs=8, num_kvcache_blocks=5, kvcache_block_size=16)
+    prompt = tight.tokenizer.encode("Return the value of the operand. " * 2)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, n=4)
+    out = tight.generate([prompt], params, use_tqdm=False)[0]
+    reference = LLM(tiny_model_path(), **SMALL).generate([prompt], SamplingParams(temperature=0, max_tokens=24,
+                                                                                   ignore_eos=True), use_tqdm=False)[0]
+    assert tight.scheduler.num_preemptions > 0
+    assert [o["token_ids"] for o in out["outputs"]] == [reference["token_ids"]] * 4

@@ -98,3 +98,19 @@ def test_triton_and_torch_backends_agree_in_bf16(tmp_path):
         with torch.inference_mode():
             runs[backend] = runner.forward(step).float()
     assert (runs["triton"] - runs["torch"]).abs().max() <= BF16_LOGIT_TOL * runs["torch"].abs().max()
+
+
+def test_sampling_fields_on_the_gpu_equal_the_cpu():
+    """Penalties (token counts on the device), min_p, logprobs and stops through CUDA graphs and async
+    scheduling give the CPU engine's tokens (float32 tiny model, greedy) and its logprobs to 1e-3."""
+    prompts = ["Return the", "This module provides a class that", "Raise ValueError if the"]
+    params = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, repetition_penalty=1.7, logprobs=2),
+              SamplingParams(temperature=0, max_tokens=16, presence_penalty=0.8, frequency_penalty=0.4, stop=" the"),
+              SamplingParams(temperature=1.0, min_p=1.0, max_tokens=16, stop_token_ids=[263], logprobs=0)]
+    gpu = LLM(tiny_model_path(), **CUDA).generate(prompts, params, use_tqdm=False)
+    cpu = LLM(tiny_model_path(), **(CUDA | {"device": "cpu"})).generate(prompts, params, use_tqdm=False)
+    for g, c in zip(gpu, cpu):
+        assert (g["token_ids"], g["text"], g["finish_reason"], g["stop_reason"]) == \
+               (c["token_ids"], c["text"], c["finish_reason"], c["stop_reason"])
+        for gl, cl in zip(g["logprobs"] or [], c["logprobs"] or []):
+            assert gl.keys() == cl.keys() and all(abs(gl[t] - cl[t]) < 1e-3 for t in gl)

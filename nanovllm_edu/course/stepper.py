@@ -20,6 +20,8 @@ class EngineStepper:
         self.llm = llm
         # the engine's own validation: every request is checked before any is queued
         self.seqs = llm.make_requests(prompts, sampling_params or SamplingParams())
+        if any(seq.sampling_params.n > 1 for seq in self.seqs):
+            raise ValueError("the stepper follows one completion per prompt; for n > 1 use generate")
         self.names = {seq.seq_id: f"r{i}" for i, seq in enumerate(self.seqs)}
         for seq in self.seqs:
             llm.scheduler.add(seq)

@@ -49,6 +49,8 @@ def stream(llm, prompts, sampling_params: SamplingParams | list[SamplingParams] 
     Several streams may be interleaved on one engine: each yields its own requests' tokens, whichever
     stream's `llm.step()` produced them."""
     seqs = llm.make_requests(prompts, sampling_params or SamplingParams())
+    if any(seq.sampling_params.n > 1 for seq in seqs):
+        raise ValueError("a stream follows one completion per prompt; for n > 1 use generate")
     return _events(llm, seqs)
 
 

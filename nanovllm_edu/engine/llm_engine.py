@@ -10,7 +10,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fastcore.basics import patch
@@ -18,12 +18,12 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from ..config import Config
-from ..sampling_params import SamplingParams
+from ..sampling_params import MAX_SEED, SamplingParams
 from .model_runner import ModelRunner, StepOutput
 from .observer import ObserverGroup, StepObserver
 from .prefix_cache import make_block_manager
 from .scheduler import Scheduler
-from .sequence import Sequence
+from .sequence import Sequence, SequenceStatus
 
 Prompt = str | list[int]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
@@ -98,7 +98,7 @@ class StopStrings:
         self.text = self.text[:index]
         return stop
 
-
+# %% ../../notebooks/08_engine.ipynb #completion-code
 @dataclass
 class CompletionState:
     """What a request's result needs besides its tokens, attached to its sequence as `seq.completion`: the
@@ -108,15 +108,17 @@ class CompletionState:
     logprobs: list[dict[int, float]] | None = None  # one {token id: logprob} per generated token
     cumulative_logprob: float | None = None
     stop_reason: int | str | None = None  # the stop id or string that ended it (None for EOS and length)
+    children: list = field(default_factory=list)  # with n > 1: the other completions' sequences
+    waiting_forks: list = field(default_factory=list)  # those of them still waiting for the prompt's prefill
 
     @classmethod
     def start(cls, params: SamplingParams, tokenizer) -> "CompletionState":
-        wants_logprobs = params.logprobs is not None
-        return cls(params, StopStrings(tokenizer, params.stop) if params.stop else None,
-                   [] if wants_logprobs else None, 0.0 if wants_logprobs else None)
+        logprobs = params.logprobs is not None
+        return cls(params, StopStrings(tokenizer, params.stop) if params.stop else None, [] if logprobs else None,
+                   0.0 if logprobs else None)
 
     @property
-    def watches_stops(self) -> bool:
+    def watches_stops(self) -> bool:  # whether a token can stop this request where the scheduler would not
         return self.stop_strings is not None or bool(self.params.stop_token_ids)
 
     def add_logprobs(self, top: list[tuple[int, float]], token: int, logprob: float) -> None:
@@ -144,9 +146,6 @@ def check_sampling_params(self: LLMEngine, params: SamplingParams) -> None:
         raise ValueError(f"stop strings need a tokenizer and {self.config.model!r} has none; pass stop_token_ids")
     if params.logprobs is not None and params.logprobs > vocab:
         raise ValueError(f"logprobs={params.logprobs} asks for more tokens than the vocabulary holds ({vocab})")
-    if params.n != 1:
-        raise ValueError(f"n={params.n}: this engine returns one completion per prompt so far; pass the prompt "
-                         f"{params.n} times instead (with different seeds to get different completions)")
     if params.prompt_logprobs is not None:
         raise ValueError(f"prompt_logprobs={params.prompt_logprobs}: prompt logprobs are not served yet; "
                          "leave it None")
@@ -196,6 +195,12 @@ def make_sequence(self: LLMEngine, prompt: Prompt, sampling_params: SamplingPara
     self.check_sampling_params(sampling_params)
     seq = Sequence(token_ids, sampling_params, self.config.kvcache_block_size)
     seq.completion = CompletionState.start(sampling_params, self.tokenizer)
+    for i in range(1, sampling_params.n):  # the other completions: forked once the prompt is prefilled
+        seed = None if sampling_params.seed is None else (sampling_params.seed + i) % (MAX_SEED + 1)
+        child = Sequence(token_ids, replace(sampling_params, n=1, seed=seed), self.config.kvcache_block_size)
+        child.completion = CompletionState.start(child.sampling_params, self.tokenizer)
+        seq.completion.children.append(child)
+    seq.completion.waiting_forks = list(seq.completion.children)
     self.scheduler.check_can_fit(seq)
     return seq
 
@@ -239,6 +244,35 @@ def add_request(self: LLMEngine, prompt: Prompt, sampling_params: SamplingParams
         self.scheduler.add(seq)
         return seq.seq_id
 
+# %% ../../notebooks/08_engine.ipynb #fork-code
+@patch
+def fork_requests(self: LLMEngine, output: StepOutput, finished: list[Sequence]) -> list[tuple[Sequence, int]]:
+    """Start the other completions of the requests whose prompt this step finished: each shares the parent's
+    full prompt blocks and copies its partly filled last block, then takes its first token as `postprocess`
+    does (a finished one joins `finished`). Returns each new sequence with the index of that token."""
+    bm, copies, started = self.block_manager, [], []
+    for parent, child, token in output.forked():
+        parent.completion.waiting_forks.remove(child)
+        full = parent.num_prompt_tokens // bm.block_size
+        child.block_table = parent.block_table[:full]
+        for block_id in child.block_table:
+            bm.blocks[block_id].ref_count += 1
+        partial = parent.num_prompt_tokens % bm.block_size != 0
+        if partial and bm.num_free_blocks:  # the partly filled last block: a copy of its own
+            child.block_table.append(bm._take_block().block_id)
+            copies.append((parent.block_table[full], child.block_table[-1]))
+        child.num_computed_tokens, child.num_cached_tokens = parent.num_prompt_tokens, parent.num_cached_tokens
+        child.status = SequenceStatus.RUNNING
+        self.scheduler.running.append(child)
+        finished += self.scheduler.postprocess([child], [token])  # appends the token; EOS or length end it
+        if partial and len(child.block_table) == full and not child.is_finished:  # no block was free
+            self.scheduler.running.remove(child)
+            self.scheduler.preempt(child)  # recomputed later, like any preempted sequence
+        started.append((child, child.num_prompt_tokens))
+    if copies:
+        self.model_runner.copy_blocks(copies)
+    return started
+
 # %% ../../notebooks/08_engine.ipynb #record-code
 @patch
 def record_outputs(self: LLMEngine, output: StepOutput, pending: list[tuple[Sequence, int]] | None,
@@ -247,10 +281,13 @@ def record_outputs(self: LLMEngine, output: StepOutput, pending: list[tuple[Sequ
     each row's newest token): keep the logprobs rows asked for, end the sequences whose token is one of
     their `stop_token_ids` or completes a `stop` string, and free the penalty rows of the finished ones.
     Returns every sequence the step finished."""
-    if output.logprobs is not None or any(seq.completion.watches_stops for seq in output.seqs):
-        logprobs, finished = output.logprobs_by_row(), list(finished)
-        pending = pending or [(seq, seq.num_tokens - 1) for seq in output.seqs]
-        for row, (seq, index) in enumerate(pending):
+    finished = list(finished)
+    forked = self.fork_requests(output, finished) if output.forks else []
+    if forked or output.logprobs is not None or any(seq.completion.watches_stops for seq in output.seqs):
+        logprobs = output.logprobs_by_row()
+        scheduled = output.seqs[:len(output.seqs) - len(output.forks)]
+        rows = (pending or [(seq, seq.num_tokens - 1) for seq in scheduled]) + forked
+        for row, (seq, index) in enumerate(rows):
             if index >= seq.num_tokens:  # void: the sequence stopped at an earlier token (notebook 10)
                 continue
             if row in logprobs:
@@ -355,10 +392,10 @@ def completion_output(self: LLMEngine, seq: Sequence) -> dict:
 @patch
 def result(self: LLMEngine, seq: Sequence) -> dict:
     """What `generate` returns for a finished request, as vLLM names it: the completion's fields, and the
-    prompt's; `outputs` lists the completions (one per request here) and the top level repeats the first."""
-    completion = self.completion_output(seq)
-    return completion | {"num_cached_tokens": seq.num_cached_tokens, "prompt_token_ids": seq.prompt_token_ids,
-                         "prompt_logprobs": None, "outputs": [completion]}
+    prompt's; `outputs` lists its n completions and the top level repeats the first."""
+    outputs = [self.completion_output(s) for s in (seq, *seq.completion.children)]
+    return outputs[0] | {"num_cached_tokens": seq.num_cached_tokens, "prompt_token_ids": seq.prompt_token_ids,
+                         "prompt_logprobs": None, "outputs": outputs}
 
 # %% ../../notebooks/08_engine.ipynb #generate-code
 @patch
@@ -383,7 +420,8 @@ def generate(self: LLMEngine, prompts: Prompt | list[Prompt],
         self.check_idle()
         for seq in seqs:
             self.scheduler.add(seq)
-        bar = tqdm(total=len(seqs), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        total = sum(seq.sampling_params.n for seq in seqs)  # completions, forks included
+        bar = tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
         meter = TokenRate(time.perf_counter())
         try:
             for finished, num_tokens in self.steps():

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import Config
+from .model_runner import copy_kv_blocks
 from ..utils.device import resolve_device
 
 # A collective that waits longer than this fails instead of hanging forever (a backstop: gloo notices a
@@ -379,6 +380,11 @@ class TensorParallelMixin:
                 tokens = torch.empty(num_rows, dtype=torch.int64, device=self.device)
             dist.broadcast(tokens, src=0)
         return tokens
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        if self.workers is None:
+            return super().copy_blocks(pairs)
+        self.workers.call(copy_kv_blocks, self, pairs)  # every rank copies its shard of the blocks
 
     def wait_event(self, event) -> None:
         if self.workers is None:
