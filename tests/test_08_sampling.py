@@ -164,7 +164,7 @@ def test_chat_equals_generate_on_the_templated_ids(llm):
 
 
 @pytest.mark.parametrize("params, message", [
-    (dict(prompt_logprobs=0), r"prompt_logprobs=0: prompt logprobs are not served yet"),
+    (dict(prompt_logprobs=4097), r"prompt_logprobs=4097 asks for more tokens than the vocabulary holds"),
     (dict(stop_token_ids=[4096]), r"stop_token_ids holds 4096, outside the vocabulary \[0, 4096\)"),
     (dict(logprobs=5000), r"logprobs=5000 asks for more tokens than the vocabulary holds"),
 ])
@@ -248,3 +248,44 @@ def test_n_completions_survive_preemption():
                                                                                    ignore_eos=True), use_tqdm=False)[0]
     assert tight.scheduler.num_preemptions > 0
     assert [o["token_ids"] for o in out["outputs"]] == [reference["token_ids"]] * 4
+
+
+def check_prompt_logprobs(out, prompt: list[int], hf, k: int) -> None:
+    """Position 0 is None; every other holds the actual token and the top k of transformers' log_softmax."""
+    assert out["prompt_logprobs"][0] is None and len(out["prompt_logprobs"]) == len(prompt)
+    with torch.no_grad():
+        reference = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)
+    for position in range(1, len(prompt)):
+        entry, row = out["prompt_logprobs"][position], reference[position - 1]
+        assert set(entry) == set(row.topk(k).indices.tolist()) | {prompt[position]}
+        for token, lp in entry.items():
+            assert abs(lp - row[token].item()) < 2e-3
+
+
+@pytest.mark.parametrize("budget", [None, 7], ids=["one-chunk", "chunked"])
+def test_prompt_logprobs_equal_transformers(hf, budget):
+    engine = LLM(tiny_model_path(), **SMALL, **({"max_num_batched_tokens": budget} if budget else {}))
+    prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=2), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        check_prompt_logprobs(out, prompt, hf, 2)
+
+
+def test_prompt_logprobs_take_no_prefix_hits(llm, hf):
+    prompt = llm.tokenizer.encode("Return the number of items in the container, counting nested ones. " * 3)
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)  # cache the prompt
+    assert llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)[0]["num_cached_tokens"] > 0
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=0), use_tqdm=False)[0]
+    assert out["num_cached_tokens"] == 0
+    check_prompt_logprobs(out, prompt, hf, 0)
+
+
+def test_prompt_logprobs_on_a_random_checkpoint(tmp_path):
+    folder = make_random_qwen3_checkpoint(tmp_path, vocab_size=300)
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).eval()
+    engine = LLM(str(folder), num_kvcache_blocks=16, kvcache_block_size=16, max_num_batched_tokens=20)
+    prompt = [(7 * i + 3) % 299 for i in range(45)]
+    out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3, n=2),
+                          use_tqdm=False)[0]
+    check_prompt_logprobs(out, prompt, hf, 3)
+    assert len(out["outputs"]) == 2

@@ -107,13 +107,15 @@ def test_tp2_on_two_gpus_matches_transformers(tp_llm):
 def test_tp2_sampling_fields_match_tp1(tp_llm):
     """n > 1 copies a block on every rank; penalties, logprobs and stops run on rank 0: TP=2 equals TP=1."""
     prompt = "Return the value of the operand. " * 2  # a partly filled last block, copied for the forks
-    params = [SamplingParams(temperature=0.9, seed=3, max_tokens=12, n=3, logprobs=1),
+    params = [SamplingParams(temperature=0.9, seed=3, max_tokens=12, n=3, logprobs=1, prompt_logprobs=2),
               SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.5, stop=" of")]
     outs = tp_llm.generate([prompt, "Create a new"], params, use_tqdm=False)
     tp1 = LLM(tiny_model_path(), **SETTINGS).generate([prompt, "Create a new"], params, use_tqdm=False)
     for out, ref in zip(outs, tp1):
         assert [(o["token_ids"], o["text"], o["stop_reason"]) for o in out["outputs"]] == \
                [(o["token_ids"], o["text"], o["stop_reason"]) for o in ref["outputs"]]
+        for got, want in zip((out["prompt_logprobs"] or [])[1:], (ref["prompt_logprobs"] or [])[1:]):
+            assert got.keys() == want.keys() and all(abs(got[t] - want[t]) < 1e-4 for t in got)
         for o, r in zip(out["outputs"], ref["outputs"]):
             for got, want in zip(o["logprobs"] or [], r["logprobs"] or []):
                 assert got.keys() == want.keys() and all(abs(got[t] - want[t]) < 1e-4 for t in got)

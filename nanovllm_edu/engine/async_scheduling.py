@@ -190,8 +190,10 @@ class AsyncLLMEngine(LLMEngine):
 
     def complete(self, step: InflightStep) -> tuple[list[Sequence], int]:
         """Wait for a launched step's tokens and commit them; returns the sequences it finished."""
-        finished = self.scheduler.commit(step.pending, self.model_runner.token_ids(step.output))
-        return self.record_outputs(step.output, step.pending, finished), step.num_tokens
+        token_ids = self.model_runner.token_ids(step.output)
+        forked = self.fork_requests(step.output)  # n > 1: before an EOS of the parent frees its blocks
+        finished = self.scheduler.commit(step.pending, token_ids)
+        return self.record_outputs(step.output, step.pending, finished, forked), step.num_tokens
 
     def steps(self) -> Iterator[tuple[list[Sequence], int]]:
         """Like `LLMEngine.steps`, but launch the next step while the device still runs the one in flight
@@ -205,7 +207,8 @@ class AsyncLLMEngine(LLMEngine):
             if inflight is None:
                 inflight = self.launch()
                 continue
-            ahead = self.launch() if self.scheduler.can_schedule_ahead() else None
+            # a step that forks n > 1 completions is completed first: the forks need the parents' blocks
+            ahead = self.launch() if self.scheduler.can_schedule_ahead() and not inflight.output.forks else None
             finished_step = self.complete(inflight)
             inflight = ahead
             yield finished_step

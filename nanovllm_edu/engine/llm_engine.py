@@ -110,12 +110,13 @@ class CompletionState:
     stop_reason: int | str | None = None  # the stop id or string that ended it (None for EOS and length)
     children: list = field(default_factory=list)  # with n > 1: the other completions' sequences
     waiting_forks: list = field(default_factory=list)  # those of them still waiting for the prompt's prefill
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # one per prompt position (position 0: None)
 
     @classmethod
     def start(cls, params: SamplingParams, tokenizer) -> "CompletionState":
         logprobs = params.logprobs is not None
         return cls(params, StopStrings(tokenizer, params.stop) if params.stop else None, [] if logprobs else None,
-                   0.0 if logprobs else None)
+                   0.0 if logprobs else None, prompt_logprobs=None if params.prompt_logprobs is None else [None])
 
     @property
     def watches_stops(self) -> bool:  # whether a token can stop this request where the scheduler would not
@@ -126,6 +127,11 @@ class CompletionState:
         self.logprobs.append({**dict(top[:self.params.logprobs]), token: logprob})
         self.cumulative_logprob += logprob
 
+    def add_prompt_logprobs(self, position: int, top: list[tuple[int, float]], token: int, logprob: float) -> None:
+        """Keep a prompt position's logprobs, once (a preempted prompt is scored again when recomputed)."""
+        if position == len(self.prompt_logprobs):
+            self.prompt_logprobs.append({**dict(top[:self.params.prompt_logprobs]), token: logprob})
+
     def stop_for(self, token: int) -> int | str | None:
         """The stop `token` makes, if any: the id itself (one of `stop_token_ids`), or the string it completes."""
         if token in self.params.stop_token_ids:
@@ -135,8 +141,8 @@ class CompletionState:
 # %% ../../notebooks/08_engine.ipynb #check-code
 @patch
 def check_sampling_params(self: LLMEngine, params: SamplingParams) -> None:
-    """What only the engine can check of a request's SamplingParams: ids within this model's vocabulary, a
-    tokenizer for stop strings; and what it does not serve yet is refused, not ignored."""
+    """What only the engine can check of a request's SamplingParams: ids and top-k counts within this model's
+    vocabulary, a tokenizer for stop strings."""
     vocab = self.config.hf_config.vocab_size
     outside = [t for t in params.stop_token_ids if t >= vocab]
     if outside:
@@ -144,11 +150,10 @@ def check_sampling_params(self: LLMEngine, params: SamplingParams) -> None:
                          "pass ids of this model's tokenizer")
     if params.stop and self.tokenizer is None:
         raise ValueError(f"stop strings need a tokenizer and {self.config.model!r} has none; pass stop_token_ids")
-    if params.logprobs is not None and params.logprobs > vocab:
-        raise ValueError(f"logprobs={params.logprobs} asks for more tokens than the vocabulary holds ({vocab})")
-    if params.prompt_logprobs is not None:
-        raise ValueError(f"prompt_logprobs={params.prompt_logprobs}: prompt logprobs are not served yet; "
-                         "leave it None")
+    for name in ("logprobs", "prompt_logprobs"):
+        k = getattr(params, name)
+        if k is not None and k > vocab:
+            raise ValueError(f"{name}={k} asks for more tokens than the vocabulary holds ({vocab})")
 
 # %% ../../notebooks/08_engine.ipynb #79092487
 def _plain(x):
@@ -244,49 +249,23 @@ def add_request(self: LLMEngine, prompt: Prompt, sampling_params: SamplingParams
         self.scheduler.add(seq)
         return seq.seq_id
 
-# %% ../../notebooks/08_engine.ipynb #fork-code
-@patch
-def fork_requests(self: LLMEngine, output: StepOutput, finished: list[Sequence]) -> list[tuple[Sequence, int]]:
-    """Start the other completions of the requests whose prompt this step finished: each shares the parent's
-    full prompt blocks and copies its partly filled last block, then takes its first token as `postprocess`
-    does (a finished one joins `finished`). Returns each new sequence with the index of that token."""
-    bm, copies, started = self.block_manager, [], []
-    for parent, child, token in output.forked():
-        parent.completion.waiting_forks.remove(child)
-        full = parent.num_prompt_tokens // bm.block_size
-        child.block_table = parent.block_table[:full]
-        for block_id in child.block_table:
-            bm.blocks[block_id].ref_count += 1
-        partial = parent.num_prompt_tokens % bm.block_size != 0
-        if partial and bm.num_free_blocks:  # the partly filled last block: a copy of its own
-            child.block_table.append(bm._take_block().block_id)
-            copies.append((parent.block_table[full], child.block_table[-1]))
-        child.num_computed_tokens, child.num_cached_tokens = parent.num_prompt_tokens, parent.num_cached_tokens
-        child.status = SequenceStatus.RUNNING
-        self.scheduler.running.append(child)
-        finished += self.scheduler.postprocess([child], [token])  # appends the token; EOS or length end it
-        if partial and len(child.block_table) == full and not child.is_finished:  # no block was free
-            self.scheduler.running.remove(child)
-            self.scheduler.preempt(child)  # recomputed later, like any preempted sequence
-        started.append((child, child.num_prompt_tokens))
-    if copies:
-        self.model_runner.copy_blocks(copies)
-    return started
-
 # %% ../../notebooks/08_engine.ipynb #record-code
 @patch
 def record_outputs(self: LLMEngine, output: StepOutput, pending: list[tuple[Sequence, int]] | None,
-                   finished: list[Sequence]) -> list[Sequence]:
+                   finished: list[Sequence], forked: list[tuple[Sequence, int]] = ()) -> list[Sequence]:
     """After a step's tokens are in (`pending`: each row's sequence and the index of its new token; None:
-    each row's newest token): keep the logprobs rows asked for, end the sequences whose token is one of
+    each row's newest token; `forked`: the new sequences `fork_requests` started): keep the logprobs rows asked for, end the sequences whose token is one of
     their `stop_token_ids` or completes a `stop` string, and free the penalty rows of the finished ones.
     Returns every sequence the step finished."""
-    finished = list(finished)
-    forked = self.fork_requests(output, finished) if output.forks else []
+    finished = list(finished) + [child for child, _ in forked if child.is_finished]
+    if output.prompt_logprobs is not None:
+        (scored, (logprob, top_ids, top_logprobs)) = output.prompt_logprobs
+        for (seq, position), lp, ids, lps in zip(scored, logprob.tolist(), top_ids.tolist(), top_logprobs.tolist()):
+            seq.completion.add_prompt_logprobs(position, list(zip(ids, lps)), seq.token_ids[position], lp)
     if forked or output.logprobs is not None or any(seq.completion.watches_stops for seq in output.seqs):
         logprobs = output.logprobs_by_row()
         scheduled = output.seqs[:len(output.seqs) - len(output.forks)]
-        rows = (pending or [(seq, seq.num_tokens - 1) for seq in scheduled]) + forked
+        rows = (pending or [(seq, seq.num_tokens - 1) for seq in scheduled]) + list(forked)
         for row, (seq, index) in enumerate(rows):
             if index >= seq.num_tokens:  # void: the sequence stopped at an earlier token (notebook 10)
                 continue
@@ -305,6 +284,38 @@ def record_outputs(self: LLMEngine, output: StepOutput, pending: list[tuple[Sequ
             self.model_runner.token_counts.release(seq.seq_id)
     return finished
 
+# %% ../../notebooks/08_engine.ipynb #fork-code
+@patch
+def fork_requests(self: LLMEngine, output: StepOutput) -> list[tuple[Sequence, int]]:
+    """Start the other completions of the requests whose prompt this step finished (before the parents' own
+    tokens are processed: an EOS there frees the parent's blocks): each shares the parent's full prompt blocks
+    and copies its partly filled last one, then takes its first token as `postprocess` does. Returns each new
+    sequence with the index of that token."""
+    if not output.forks:
+        return []
+    bm, copies, started = self.block_manager, [], []
+    for parent, child, token in output.forked():
+        parent.completion.waiting_forks.remove(child)
+        full = parent.num_prompt_tokens // bm.block_size
+        child.block_table = parent.block_table[:full]
+        for block_id in child.block_table:
+            bm.blocks[block_id].ref_count += 1
+        partial = parent.num_prompt_tokens % bm.block_size != 0
+        if partial and bm.num_free_blocks:  # the partly filled last block: a copy of its own
+            child.block_table.append(bm._take_block().block_id)
+            copies.append((parent.block_table[full], child.block_table[-1]))
+        child.num_computed_tokens, child.num_cached_tokens = parent.num_prompt_tokens, parent.num_cached_tokens
+        child.status = SequenceStatus.RUNNING
+        self.scheduler.running.append(child)
+        self.scheduler.postprocess([child], [token])  # appends the token; EOS or length end it
+        if partial and len(child.block_table) == full and not child.is_finished:  # no block was free
+            self.scheduler.running.remove(child)
+            self.scheduler.preempt(child)  # recomputed later, like any preempted sequence
+        started.append((child, child.num_prompt_tokens))
+    if copies:
+        self.model_runner.copy_blocks(copies)
+    return started
+
 # %% ../../notebooks/08_engine.ipynb #5cf6d2ba
 @patch
 def step(self: LLMEngine) -> tuple[list[Sequence], int]:
@@ -320,7 +331,8 @@ def step(self: LLMEngine) -> tuple[list[Sequence], int]:
         output = self.model_runner.launch(seqs, is_prefill)
         token_ids = self.model_runner.token_ids(output)
         with observer.part("postprocess"):
-            finished = self.record_outputs(output, None, self.scheduler.postprocess(seqs, token_ids))
+            forked = self.fork_requests(output)
+            finished = self.record_outputs(output, None, self.scheduler.postprocess(seqs, token_ids), forked)
         observer.step_finished(self, seqs, is_prefill, finished)
         return finished, num_tokens
 
@@ -395,7 +407,7 @@ def result(self: LLMEngine, seq: Sequence) -> dict:
     prompt's; `outputs` lists its n completions and the top level repeats the first."""
     outputs = [self.completion_output(s) for s in (seq, *seq.completion.children)]
     return outputs[0] | {"num_cached_tokens": seq.num_cached_tokens, "prompt_token_ids": seq.prompt_token_ids,
-                         "prompt_logprobs": None, "outputs": outputs}
+                         "prompt_logprobs": seq.completion.prompt_logprobs, "outputs": outputs}
 
 # %% ../../notebooks/08_engine.ipynb #generate-code
 @patch

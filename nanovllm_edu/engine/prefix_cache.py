@@ -48,7 +48,10 @@ class PrefixCachingBlockManager(BlockManager):
         return out
 
     def _match_prefix(self, seq: Sequence) -> list[int]:
-        """Ids of cached blocks holding `seq`'s leading full blocks (never its last token)."""
+        """Ids of cached blocks holding `seq`'s leading full blocks (never its last token). A request that asks
+        for prompt logprobs (notebook 08) takes no hits: every prompt position must pass through the model."""
+        if seq.sampling_params.prompt_logprobs is not None:
+            return []
         return [block_id for _, block_id in self.lookup(seq) if block_id != -1]
 
 # %% ../../notebooks/06_prefix_hashing.ipynb #3db74d25
