@@ -2,18 +2,19 @@
 
 # %% auto #0
 __all__ = ['CHECKERS', 'Check', 'LabReport', 'run_checks', 'check_store_kvcache', 'check_block_manager', 'check_prefix_cache',
-           'check_scheduler', 'check_sampler']
+           'check_scheduler', 'check_sampler', 'check_penalties']
 
 # %% ../../notebooks/A1_labs.ipynb #8d6ca62f
 """Lab checkers for each stage of the engine, and the student edition of the course (`make-student`)."""
 from .block_checks import check_block_manager, check_prefix_cache
+from .penalty_checks import check_penalties
 from .report import Check, LabReport, run_checks
 from .sampler_checks import check_sampler
 from .scheduler_checks import check_scheduler
 from .store_checks import check_store_kvcache
 
 _all_ = ["Check", "LabReport", "run_checks", "check_store_kvcache", "check_block_manager", "check_prefix_cache",
-         "check_scheduler", "check_sampler"]  # nbdev adds these to __all__ (imports are not in it by default)
+         "check_scheduler", "check_sampler", "check_penalties"]  # nbdev adds these to __all__ (imports are not in it by default)
 
 CHECKERS = {  # tag name -> (checker, the object a solution cell defines for it by default)
     "store_kvcache": (check_store_kvcache, "store_kvcache_torch"),
@@ -21,4 +22,5 @@ CHECKERS = {  # tag name -> (checker, the object a solution cell defines for it 
     "prefix_cache": (check_prefix_cache, "PrefixCachingBlockManager"),
     "scheduler": (check_scheduler, "Scheduler"),
     "sampler": (check_sampler, "Sampler"),
+    "penalties": (check_penalties, "apply_penalties"),
 }

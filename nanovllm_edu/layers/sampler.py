@@ -85,7 +85,7 @@ def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_seen: tor
     logits = torch.where(logits > 0, logits / scale, logits * scale)
     return logits - frequency.unsqueeze(1) * counts - presence.unsqueeze(1) * in_output
 
-
+# %% ../../notebooks/08_engine.ipynb #minp-code
 def apply_min_p(logits: torch.Tensor, temperatures: torch.Tensor, min_ps: torch.Tensor) -> torch.Tensor:
     """Mask (to -inf) every token less likely under softmax(logits / T) than min_p times the most likely:
     p < min_p p_max is l < l_max + T ln(min_p) in logits. Rows with min_p 0 or T 0 (greedy) are untouched."""
