@@ -289,3 +289,18 @@ def test_prompt_logprobs_on_a_random_checkpoint(tmp_path):
                           use_tqdm=False)[0]
     check_prompt_logprobs(out, prompt, hf, 3)
     assert len(out["outputs"]) == 2
+
+
+def test_penalties_and_logprobs_on_a_random_checkpoint(tmp_path):
+    folder = make_random_qwen3_checkpoint(tmp_path, vocab_size=300, num_layers=3, hidden_size=96, num_heads=6,
+                                          num_kv_heads=2, head_dim=32, tie_word_embeddings=False)
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).eval()
+    engine = LLM(str(folder), num_kvcache_blocks=16, kvcache_block_size=16)
+    prompts = [[(5 * i + 11 * j) % 299 for j in range(n)] for i, n in enumerate((7, 23, 40))]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, repetition_penalty=1.4,
+                            frequency_penalty=0.3, logprobs=2)
+    for prompt, out in zip(prompts, engine.generate(prompts, params, use_tqdm=False)):
+        assert out["token_ids"] == reference_penalised_greedy(hf, prompt, 10, frequency=0.3, repetition=1.4)
+        for i, top in enumerate(out["logprobs"]):
+            reference = torch.log_softmax(hf_logits(hf, prompt + out["token_ids"][:i]), -1)
+            assert all(abs(lp - reference[t].item()) < 2e-3 for t, lp in top.items())
