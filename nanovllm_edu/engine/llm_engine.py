@@ -111,16 +111,14 @@ class CompletionState:
     children: list = field(default_factory=list)  # with n > 1: the other completions' sequences
     waiting_forks: list = field(default_factory=list)  # those of them still waiting for the prompt's prefill
     prompt_logprobs: list[dict[int, float] | None] | None = None  # one per prompt position (position 0: None)
+    watches_stops: bool = False  # whether a token can stop it where the scheduler would not (checked every step)
 
     @classmethod
     def start(cls, params: SamplingParams, tokenizer) -> "CompletionState":
         logprobs = params.logprobs is not None
         return cls(params, StopStrings(tokenizer, params.stop) if params.stop else None, [] if logprobs else None,
-                   0.0 if logprobs else None, prompt_logprobs=None if params.prompt_logprobs is None else [None])
-
-    @property
-    def watches_stops(self) -> bool:  # whether a token can stop this request where the scheduler would not
-        return self.stop_strings is not None or bool(self.params.stop_token_ids)
+                   0.0 if logprobs else None, prompt_logprobs=None if params.prompt_logprobs is None else [None],
+                   watches_stops=bool(params.stop or params.stop_token_ids))
 
     def add_logprobs(self, top: list[tuple[int, float]], token: int, logprob: float) -> None:
         """Keep one generated token's logprobs: the request's top-k, and the sampled token's."""

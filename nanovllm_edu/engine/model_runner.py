@@ -206,6 +206,9 @@ def prepare_sample(self: ModelRunner, seqs: list[Sequence]) -> dict:
         out["seeds"] = tensor([p.seed if p.seed is not None else 0 for p in params], torch.int64)
         out["positions"] = tensor([seq.num_tokens for seq in seqs], torch.int64)
         out["seeded_rows"] = tensor(seeded, torch.int64)
+    if not any(p.min_p or p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+               or p.logprobs is not None for p in params):
+        return out  # the common case, in one pass: none of what follows is asked for
     penalised = [i for i, p in enumerate(params) if p.penalised]
     if penalised:  # the rows' token counts live on the device (TokenCounts), one row per request
         out["penalties"] = {"batch_rows": tensor(penalised, torch.int64),
