@@ -219,3 +219,17 @@ def test_streams_in_two_threads_match_their_single_thread_runs():
         t.join(60)
     assert got == alone
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+
+
+def test_streams_hold_back_a_stop_string_under_way(llm, reference):
+    """A stream never shows the start of a stop string that then ends the request: its text is generate's."""
+    params = [SamplingParams(temperature=0, max_tokens=24, stop=[ref["text"][3:9], "zzzz"]) for ref in reference]
+    params += [SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[reference[0]["token_ids"][2]])]
+    prompts = PROMPTS + PROMPTS[:1]
+    expected = llm.generate(prompts, params, use_tqdm=False)
+    events = list(stream(llm, prompts, params))
+    for i, ref in enumerate(expected):
+        mine = [e for e in events if e.index == i]
+        assert "".join(e.text for e in mine) == ref["text"] and [e.token_id for e in mine] == ref["token_ids"]
+        assert mine[-1].finish_reason == "stop"
+    assert_idle(llm)

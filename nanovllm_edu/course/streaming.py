@@ -99,6 +99,9 @@ def _new_events(llm, seq, i: int, sent_tokens: dict, sent_text: dict) -> Iterato
             # decode the whole completion (a token alone may be half a character); hold back
             # a trailing replacement character until the next token completes it
             text = tokenizer.decode(seq.completion_token_ids[:n], skip_special_tokens=True).rstrip("\ufffd")
+            # and hold back what could be the start of a stop string: generate's text ends before one
+            held = max(map(len, seq.sampling_params.stop), default=1) - 1
+            text = text[:max(len(text) - held, 0)]
         else:
             text = ""  # a weights-only checkpoint: token ids only
         prev = sent_text[seq.seq_id]
