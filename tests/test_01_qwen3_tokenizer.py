@@ -90,3 +90,13 @@ def test_config_reads_both_files_and_a_user_eos_replaces_them(tmp_path):
     (folder / "generation_config.json").write_text("{not json")
     with pytest.raises(ValueError, match="generation_config.json.*not valid JSON"):
         Config(str(folder))
+
+
+def test_a_read_only_cache_falls_back_to_the_temporary_folder(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")  # a cache path below a file cannot be made
+    monkeypatch.setenv("NANOVLLM_EDU_CACHE", str(blocked / "cache"))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    folder = qwen3_tokenizer_path()
+    assert folder.startswith(str(tmp_path / "tmp")) and AutoTokenizer.from_pretrained(folder).encode("Hi") == [13048]

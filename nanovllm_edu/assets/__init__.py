@@ -59,7 +59,13 @@ def qwen3_tokenizer_path() -> str:
     folder = cache_dir() / f"qwen3-tokenizer-{digest[:16]}"
     if all((folder / name).is_file() for name in QWEN3_TOKENIZER_FILES):
         return str(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home: the system's temporary folder instead
+        folder = Path(tempfile.gettempdir()) / f"nanovllm_edu-{getattr(os, 'getuid', lambda: 'user')()}" / folder.name
+        if all((folder / name).is_file() for name in QWEN3_TOKENIZER_FILES):
+            return str(folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=folder.parent))
     with tarfile.open(QWEN3_TOKENIZER_ARCHIVE) as archive:
         for name in QWEN3_TOKENIZER_FILES:  # named files only: nothing in the archive picks a path
