@@ -262,8 +262,7 @@ def record_outputs(self: LLMEngine, output: StepOutput, pending: list[tuple[Sequ
             seq.completion.add_prompt_logprobs(position, list(zip(ids, lps)), seq.token_ids[position], lp)
     if forked or output.logprobs is not None or any(seq.completion.watches_stops for seq in output.seqs):
         logprobs = output.logprobs_by_row()
-        scheduled = output.seqs[:len(output.seqs) - len(output.forks)]
-        rows = (pending or [(seq, seq.num_tokens - 1) for seq in scheduled]) + list(forked)
+        rows = (pending or [(seq, seq.num_tokens - 1) for seq in output.seqs]) + list(forked)
         for row, (seq, index) in enumerate(rows):
             if index >= seq.num_tokens:  # void: the sequence stopped at an earlier token (notebook 10)
                 continue
@@ -299,14 +298,15 @@ def fork_requests(self: LLMEngine, output: StepOutput) -> list[tuple[Sequence, i
         for block_id in child.block_table:
             bm.blocks[block_id].ref_count += 1
         partial = parent.num_prompt_tokens % bm.block_size != 0
-        if partial and bm.num_free_blocks:  # the partly filled last block: a copy of its own
+        copied = partial and bm.num_free_blocks > 0
+        if copied:  # the partly filled last block: a copy of its own
             child.block_table.append(bm._take_block().block_id)
             copies.append((parent.block_table[full], child.block_table[-1]))
         child.num_computed_tokens, child.num_cached_tokens = parent.num_prompt_tokens, parent.num_cached_tokens
         child.status = SequenceStatus.RUNNING
         self.scheduler.running.append(child)
         self.scheduler.postprocess([child], [token])  # appends the token; EOS or length end it
-        if partial and len(child.block_table) == full and not child.is_finished:  # no block was free
+        if partial and not copied and not child.is_finished:  # no block was free
             self.scheduler.running.remove(child)
             self.scheduler.preempt(child)  # recomputed later, like any preempted sequence
         started.append((child, child.num_prompt_tokens))

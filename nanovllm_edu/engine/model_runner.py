@@ -206,8 +206,7 @@ def prepare_sample(self: ModelRunner, seqs: list[Sequence]) -> dict:
         out["seeds"] = tensor([p.seed if p.seed is not None else 0 for p in params], torch.int64)
         out["positions"] = tensor([seq.num_tokens for seq in seqs], torch.int64)
         out["seeded_rows"] = tensor(seeded, torch.int64)
-    if not any(p.min_p or p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
-               or p.logprobs is not None for p in params):
+    if not any(p.penalised or p.min_p or p.logprobs is not None for p in params):
         return out  # the common case, in one pass: none of what follows is asked for
     penalised = [i for i, p in enumerate(params) if p.penalised]
     if penalised:  # the rows' token counts live on the device (TokenCounts), one row per request
@@ -339,7 +338,7 @@ def pinned_copy(t: Tensor) -> Tensor:
 @dataclass
 class StepOutput:
     """The sampled tokens of a launched step: on the device at once, on the CPU after `token_ids` waits."""
-    seqs: list[Sequence]  # the sequences that get a token, one per row (the forks' new ones last)
+    seqs: list[Sequence]  # the scheduled sequences that get a token, one per row (the forks' rows follow)
     host: Tensor  # the tokens on the CPU: a pinned copy still in flight on a GPU
     ready: "torch.cuda.Event | None" = None  # recorded after the copies (GPU only)
     logprobs: tuple | None = None  # rows that asked, their tokens' logprobs, top ids, top logprobs (CPU)
@@ -350,7 +349,6 @@ class StepOutput:
     def launched(cls, seqs: list[Sequence], tokens: Tensor, logprobs: tuple | None = None,
                  forks: list[tuple[Sequence, Sequence]] = (), prompt: tuple | None = None) -> "StepOutput":
         """Start copying `tokens` (and any logprobs) to the CPU without waiting for the step to finish."""
-        seqs = seqs + [child for _, child in forks]
         if not tokens.is_cuda:
             return cls(seqs, tokens, None, logprobs, list(forks), prompt)
         copy = lambda tensors: tensors and tuple(pinned_copy(t) for t in tensors)
@@ -363,12 +361,11 @@ class StepOutput:
         """The token ids, once the copy is done; `wait(event)` replaces a plain wait (it may watch workers)."""
         if self.ready is not None:
             wait(self.ready) if wait is not None else self.ready.synchronize()
-        tokens = self.host.tolist()
-        return tokens[:len(tokens) - len(self.forks)]  # the forks' rows are read by `forked`
+        return self.host.tolist()[:len(self.seqs)]  # the forks' rows are read by `forked`
 
     def forked(self) -> list[tuple[Sequence, Sequence, int]]:
         """After `token_ids`: each fork's parent, new sequence and first token."""
-        tokens = self.host.tolist()[len(self.seqs) - len(self.forks):]
+        tokens = self.host.tolist()[len(self.seqs):]
         return [(parent, child, token) for (parent, child), token in zip(self.forks, tokens)]
 
     def logprobs_by_row(self) -> dict[int, tuple[list[tuple[int, float]], int, float]]:
