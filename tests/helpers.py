@@ -90,3 +90,8 @@ def generate_counting_ahead(llm, prompts, params):
         return llm.generate(prompts, params, use_tqdm=False), count["ahead"]
     finally:
         del llm.scheduler.can_schedule_ahead
+
+
+def without_metrics(results: list[dict]) -> list[dict]:
+    """Results without their `metrics` (times differ between any two runs): for comparing two runs' outputs."""
+    return [{k: v for k, v in result.items() if k != "metrics"} for result in results]

@@ -141,7 +141,7 @@ def test_stop_token_ids_and_both_eos_paths(llm):
 def test_result_fields(llm):
     out = llm.generate(["Return the"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
     assert set(out) == {"text", "token_ids", "finish_reason", "stop_reason", "num_cached_tokens", "prompt_token_ids",
-                        "logprobs", "prompt_logprobs", "cumulative_logprob", "outputs"}
+                        "logprobs", "prompt_logprobs", "cumulative_logprob", "outputs", "metrics"}
     assert out["prompt_token_ids"] == llm.tokenizer.encode("Return the") and out["logprobs"] is None
     assert out["cumulative_logprob"] is None and out["prompt_logprobs"] is None
     assert out["outputs"] == [{k: out[k] for k in ("text", "token_ids", "finish_reason", "stop_reason", "logprobs",

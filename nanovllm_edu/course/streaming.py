@@ -5,6 +5,7 @@ __all__ = ['abort_requests', 'StreamEvent', 'stream', 'as_prompt_list', 'stream_
 
 # %% ../../notebooks/09_watching_the_engine.ipynb #639b836d
 """Stream tokens from the engine as they are produced (exported from notebooks/09_watching_the_engine.ipynb)."""
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,8 +15,9 @@ from ..sampling_params import SamplingParams
 
 def abort_requests(llm, seqs: list[Sequence]) -> None:
     """Drop these requests only: take each unfinished one out of the scheduler (waiting, running, the
-    half-prefilled slot), free its KV blocks and finish it with reason "abort". Every other request on
-    the engine runs on untouched (`llm.abort_all()` drops them all). Call it between steps."""
+    half-prefilled slot), free its KV blocks and its penalty row, and finish it with reason "abort". Every
+    other request on the engine runs on untouched (`llm.abort_all()` drops them all). Call it between steps
+    (with async scheduling: when no step is in flight, notebook 14)."""
     scheduler = llm.scheduler
     for seq in seqs:
         if seq.is_finished:
@@ -26,7 +28,9 @@ def abort_requests(llm, seqs: list[Sequence]) -> None:
         if scheduler.prefilling is seq:
             scheduler.prefilling = None
         scheduler.block_manager.deallocate(seq)  # a waiting request holds none: a no-op
+        llm.model_runner.token_counts.release(seq.seq_id)
         seq.status, seq.finish_reason, seq.num_scheduled_tokens = SequenceStatus.FINISHED, "abort", 0
+        seq.metrics.finished_time = time.monotonic()
 
 # %% ../../notebooks/09_watching_the_engine.ipynb #54a35220
 @dataclass(frozen=True)

@@ -184,6 +184,7 @@ class AsyncLLMEngine(LLMEngine):
         """Schedule a batch and start it on the device; the bookkeeping that needs no token id is done at
         once (`reserve`), so the next batch can be planned before this one's tokens are known."""
         seqs, is_prefill = self.scheduler.schedule()
+        self.mark_scheduled(seqs, is_prefill)
         num_tokens = sum(seq.num_scheduled_tokens for seq in seqs) if is_prefill else -len(seqs)
         output = self.model_runner.launch(seqs, is_prefill)
         return InflightStep(output, self.scheduler.reserve(seqs), num_tokens)
@@ -194,6 +195,11 @@ class AsyncLLMEngine(LLMEngine):
         forked = self.fork_requests(step.output)  # n > 1: before an EOS of the parent frees its blocks
         finished = self.scheduler.commit(step.pending, token_ids)
         return self.record_outputs(step.output, step.pending, finished, forked), step.num_tokens
+
+    def can_launch_ahead(self, inflight: InflightStep) -> bool:
+        """Whether to launch the next step before `inflight` completes: when the scheduler can plan it now, and
+        `inflight` forks no n > 1 completions (the forks need the parents' blocks first)."""
+        return self.scheduler.can_schedule_ahead() and not inflight.output.forks
 
     def steps(self) -> Iterator[tuple[list[Sequence], int]]:
         """Like `LLMEngine.steps`, but launch the next step while the device still runs the one in flight
@@ -207,8 +213,7 @@ class AsyncLLMEngine(LLMEngine):
             if inflight is None:
                 inflight = self.launch()
                 continue
-            # a step that forks n > 1 completions is completed first: the forks need the parents' blocks
-            ahead = self.launch() if self.scheduler.can_schedule_ahead() and not inflight.output.forks else None
+            ahead = self.launch() if self.can_launch_ahead(inflight) else None
             finished_step = self.complete(inflight)
             inflight = ahead
             yield finished_step
