@@ -67,6 +67,8 @@ for stage in "${stages[@]}"; do
       timeout "${NOTEBOOKS_LIMIT_S:-900}" python3 scripts/run_notebook.py ${NOTEBOOKS:-notebooks/*.ipynb} --log-dir "$RESULTS/notebooks" \
         --timeout "${NOTEBOOK_LIMIT_S:-300}" 2>&1 | tee "$RESULTS/notebooks.log" || status=1
       find figures -maxdepth 1 -name "*.json" -newer "$RESULTS/.start" -exec cp {} "$RESULTS/figures/" \; ;;
+    online)
+      PYTHONFAULTHANDLER=1 timeout -s ABRT "${ONLINE_LIMIT_S:-600}" python3 -m nanovllm_edu.bench.online --random-weights qwen3-0.6b --backend triton --json "$RESULTS/online.json" --plot "$RESULTS/online.png" --stall-plot "$RESULTS/online_stall.png" 2>&1 | tee "$RESULTS/online.log" || status=1 ;;
     graphs)
       timeout 300 python3 scripts/measure_cuda_graphs.py --json "$RESULTS/cuda_graphs.json" 2>&1 | tee "$RESULTS/graphs.log" || status=1 ;;
     *) echo "unknown stage $stage"; status=2 ;;
