@@ -65,3 +65,32 @@ def test_abort_all_stamps_the_finish():
     seq = next(s for s in llm.scheduler.running if s.seq_id == seq_id)
     llm.abort_all()
     assert seq.finish_reason == "abort" and seq.metrics.finished_time >= seq.metrics.first_scheduled_time
+
+
+def test_a_stop_one_token_before_the_length_limit_is_a_finish(async_scheduling):
+    """Async scheduling: the step launched ahead has already ended the sequence by length when step n's token
+    turns out to be a stop id; the stop still counts as this step's finish (stamped, penalty row freed)."""
+    llm = LLM(tiny_model_path(), async_scheduling=async_scheduling, num_kvcache_blocks=64, kvcache_block_size=16)
+    ids = llm.generate("Return the", SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+                       use_tqdm=False)[0]["token_ids"]
+    k, stop_id = next((i, t) for i, t in enumerate(ids) if i >= 2 and t not in ids[:i])
+    for penalty in (1.0, 1.2):
+        params = SamplingParams(temperature=0, max_tokens=k + 2, ignore_eos=True, stop_token_ids=[stop_id],
+                                repetition_penalty=penalty)
+        out = llm.generate("Return the", params, use_tqdm=False)[0]
+        assert out["finish_reason"] == "stop" and out["token_ids"][-1] == stop_id
+        assert out["metrics"]["finished_time"] is not None
+        assert not llm.model_runner.token_counts.row_of  # the penalty row went back
+
+
+def test_a_fork_without_a_free_block_can_stop_at_its_first_token(async_scheduling):
+    """n > 1 with no block free for a fork's copy of the prompt's last block: the fork waits (preempted); if its
+    first token is a stop id it ends there, from the waiting queue."""
+    llm = LLM(tiny_model_path(), async_scheduling=async_scheduling, num_kvcache_blocks=2, kvcache_block_size=16)
+    prompt = list(range(100, 120))  # one full block and a partly filled one
+    first = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)[0]["token_ids"][0]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, n=2, stop_token_ids=[first]),
+                       use_tqdm=False)[0]
+    assert [o["finish_reason"] for o in out["outputs"]] == ["stop", "stop"]
+    assert [o["token_ids"] for o in out["outputs"]] == [[first], [first]]
+    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks and llm.is_finished()

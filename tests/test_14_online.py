@@ -145,6 +145,10 @@ def test_a_failing_step_ends_every_stream_and_the_engine_serves_on():
     stream = llm.submit(PROMPTS[0], GREEDY)
     with pytest.raises(RuntimeError, match="injected failure"):
         stream.result(timeout=30)
+    with pytest.raises(RuntimeError, match="injected failure"):  # asked again: raised again, never a hang
+        stream.result(timeout=5)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        list(stream)
     broken["on"] = False
     assert llm.submit(PROMPTS[0], GREEDY).result(timeout=30)["finish_reason"] in ("stop", "length")
     wait_until_idle(llm)
@@ -163,4 +167,52 @@ def test_shutdown_aborts_live_requests_and_refuses_new_ones():
     with pytest.raises(RuntimeError, match="shutting down"):
         llm.submit(PROMPTS[0])
     llm.shutdown()  # twice is fine
+    llm.exit()
+
+
+def test_a_consumer_whose_event_loop_closed_harms_no_one():
+    llm = OnlineLLM(tiny_model_path(), num_kvcache_blocks=48, kvcache_block_size=16)
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    bystander = llm.submit(PROMPTS[0], long)
+    left = llm.submit(PROMPTS[1], long)
+
+    async def first_output(stream):
+        async for out in stream:
+            return out  # stops reading; asyncio.run then closes its event loop while the request is live
+
+    asyncio.run(first_output(left))
+    assert bystander.result(timeout=60)["finish_reason"] == "length"
+    assert left.result(timeout=60)["finish_reason"] == "length"  # its outputs waited in the queue
+    assert llm.loop_thread.is_alive() and llm.submit(PROMPTS[2], GREEDY).result(timeout=30)
+    wait_until_idle(llm)
+    llm.exit()
+
+
+def test_a_late_abort_of_an_ended_stream_spares_the_request_that_reuses_its_id():
+    llm = OnlineLLM(tiny_model_path(), num_kvcache_blocks=48, kvcache_block_size=16)
+    old = llm.submit(PROMPTS[0], SamplingParams(temperature=0, max_tokens=8), request_id="chat-42")
+    old.result(timeout=30)
+    new = llm.submit(PROMPTS[3], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), request_id="chat-42")
+    old.abort()  # a late clean-up of the finished stream
+    assert new.result(timeout=30)["finish_reason"] == "length" and len(new.final["token_ids"]) == 40
+    llm.exit()
+
+
+def test_an_abort_right_after_submit_leaves_nothing_running():
+    llm = OnlineLLM(tiny_model_path(), num_kvcache_blocks=48, kvcache_block_size=16)
+    llm.submit(PROMPTS[0], SamplingParams(max_tokens=1)).result(timeout=30)  # the loop runs
+    start = llm.start
+
+    def start_then_abort_from_another_thread():  # another thread's abort, at the earliest moment it could come
+        start()
+        if "victim" in llm.live:
+            other = threading.Thread(target=llm.abort, args=("victim",))
+            other.start()
+            other.join()
+
+    llm.start = start_then_abort_from_another_thread
+    stream = llm.submit(PROMPTS[3], SamplingParams(temperature=0, max_tokens=300, ignore_eos=True), request_id="victim")
+    assert stream.result(timeout=30)["finish_reason"] == "abort"
+    wait_until_idle(llm)
+    assert llm.is_finished()  # not decoding it for nobody
     llm.exit()

@@ -348,7 +348,7 @@ def record_outputs(self: LLMEngine, output: StepOutput, pending: list[tuple[Sequ
             reason = seq.completion.stop_for(seq.token_ids[index])
             if reason is not None:
                 seq.completion.stop_reason = reason
-                if not seq.is_finished:
+                if seq not in finished:  # (async: a step launched ahead may have ended it already, by length)
                     finished.append(seq)
                 self.scheduler.stop(seq, index)
     for seq in finished:

@@ -74,7 +74,10 @@ class RequestStream:
         self.outputs.put(item)
         if self.waker is not None:
             loop, event = self.waker
-            loop.call_soon_threadsafe(event.set)
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the consumer's event loop has closed: nobody waits there any more
+                self.waker = None
 
 # %% ../../notebooks/14_serving.ipynb #s2b-code
 @patch
@@ -98,10 +101,12 @@ def add_text(self: RequestStream, out: RequestOutput) -> RequestOutput:
 
 @patch
 def unpack(self: RequestStream, item: RequestOutput | BaseException, with_text: bool = True) -> RequestOutput:
-    """An output taken from the queue: the error it carries is raised, the result kept, the text added."""
+    """An output taken from the queue: the error it carries is raised (and again to whoever asks again), the
+    result kept, the text added."""
     if isinstance(item, BaseException):
         self.error = item
-        raise RuntimeError(f"request {self.request_id!r} failed in the engine loop: {item!r}") from item
+    if self.error is not None:
+        raise RuntimeError(f"request {self.request_id!r} failed in the engine loop: {self.error!r}") from self.error
     if item.result is not None:
         self.final = item.result
     return self.add_text(item) if with_text else item
@@ -109,8 +114,8 @@ def unpack(self: RequestStream, item: RequestOutput | BaseException, with_text: 
 # %% ../../notebooks/14_serving.ipynb #s2c-code
 @patch
 def __iter__(self: RequestStream) -> Iterator[RequestOutput]:
-    while self.final is None and self.error is None:
-        yield self.unpack(self.outputs.get())
+    while self.final is None:
+        yield self.unpack(self.error or self.outputs.get())
 
 
 @patch
@@ -118,9 +123,9 @@ async def __aiter__(self: RequestStream) -> AsyncIterator[RequestOutput]:
     if self.waker is None:
         self.waker = (asyncio.get_running_loop(), asyncio.Event())
     event = self.waker[1]
-    while self.final is None and self.error is None:
+    while self.final is None:
         try:
-            item = self.outputs.get_nowait()
+            item = self.error or self.outputs.get_nowait()
         except queue.Empty:
             await event.wait()
             event.clear()  # cleared before looking again: an output put after this sets it anew
@@ -136,7 +141,7 @@ def result(self: RequestStream, timeout: float | None = None) -> dict:
     while self.final is None:
         wait = None if deadline is None else max(deadline - time.monotonic(), 0)
         try:
-            item = self.outputs.get(timeout=wait)
+            item = self.error or self.outputs.get(timeout=wait)
         except queue.Empty:
             raise TimeoutError(f"request {self.request_id!r} did not finish within {timeout} s") from None
         self.unpack(item, with_text=False)
@@ -146,7 +151,8 @@ def result(self: RequestStream, timeout: float | None = None) -> dict:
 @patch
 def abort(self: RequestStream) -> None:
     """Drop the request: its blocks go back once no step in flight writes them; the stream then ends."""
-    self.engine.abort(self.request_id)
+    if self.final is None and self.error is None:  # once ended, its id may already name a new request
+        self.engine.abort(self)
 
 # %% ../../notebooks/14_serving.ipynb #s3-code
 class OnlineLLM(LLM):
@@ -160,7 +166,7 @@ class OnlineLLM(LLM):
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", OnlineRequest) or ("abort", request id)
         self.live: dict[str, OnlineRequest] = {}             # submitted, not yet ended (guarded by live_lock)
         self.live_lock = threading.Lock()
-        self.to_abort: set[str] = set()                      # the loop's: aborts waiting for no step in flight
+        self.to_abort: list[OnlineRequest] = []               # the loop's: aborts waiting for no step in flight
         self.num_inflight = 0                                # steps launched and not yet completed
         self.wakeup = threading.Event()
         self.accepting, self.stopping = True, False
@@ -198,16 +204,17 @@ def submit_sequence(self: OnlineLLM, seq: Sequence, request_id: str | None = Non
             raise ValueError(f"request_id {request_id!r} is already in use by a live request; pass a new id")
         stream = RequestStream(self, request_id, seq)
         request = self.live[request_id] = OnlineRequest(request_id, [seq, *seq.completion.children], stream)
+        self.inbox.put(("add", request))  # under the lock: `fail_all` finds it in `live` and in the inbox alike
     self.start()
-    self.inbox.put(("add", request))
     self.wakeup.set()
     return stream
 
 
 @patch
-def abort(self: OnlineLLM, request_id: str) -> None:
-    """Drop a live request (unknown or ended ids are ignored: the request may just have finished)."""
-    self.inbox.put(("abort", request_id))
+def abort(self: OnlineLLM, request: str | RequestStream) -> None:
+    """Drop a live request, named by its id or its stream (an unknown or ended one is ignored: it may just have
+    finished)."""
+    self.inbox.put(("abort", request))
     self.wakeup.set()
 
 
@@ -263,18 +270,19 @@ def serve_forever(self: OnlineLLM) -> None:
     """The engine loop: take in new requests and aborts, step while there is work, publish each completed
     step's tokens; sleep when idle; on `shutdown`, drop what is left and return."""
     while True:
-        self.admit()
-        if self.num_inflight == 0:  # between steps with none in flight: aborts are safe now
-            if self.stopping:
-                self.to_abort.update(self.live)
-            self.apply_aborts()
-            if self.stopping:
-                return
-        if self.is_finished():
-            self.wakeup.wait()
-            self.wakeup.clear()  # cleared before admitting: a request queued after this wakes us again
-            continue
         try:
+            self.admit()
+            if self.num_inflight == 0:  # between steps with none in flight: aborts are safe now
+                if self.stopping:
+                    with self.live_lock:
+                        self.to_abort.extend(self.live.values())
+                self.apply_aborts()
+                if self.stopping:
+                    return
+            if self.is_finished():
+                self.wakeup.wait()
+                self.wakeup.clear()  # cleared before admitting: a request queued after this wakes us again
+                continue
             for _ in self.steps():  # async scheduling: step n+1 may be in flight while we publish step n
                 self.publish()
                 self.admit()
@@ -294,16 +302,19 @@ def admit(self: OnlineLLM) -> None:
             return
         if kind == "add":
             self.scheduler.add(item.seqs[0])  # the other completions fork from it after its prefill
-        else:
-            self.to_abort.add(item)
+            continue
+        with self.live_lock:  # an abort names a request by id, or by its stream (then only that very request)
+            request = self.live.get(item if isinstance(item, str) else item.request_id)
+        if request is not None and (isinstance(item, str) or request.stream is item):
+            self.to_abort.append(request)
 
 
 @patch
 def apply_aborts(self: OnlineLLM) -> None:
     """Drop the requests in `to_abort` (no step is in flight): free their blocks, end their streams."""
-    with self.live_lock:
-        requests = [self.live[i] for i in self.to_abort if i in self.live]
-    self.to_abort.clear()
+    with self.live_lock:  # each once, and only while it is live
+        requests = [r for r in {id(r): r for r in self.to_abort}.values() if self.live.get(r.request_id) is r]
+    self.to_abort = []
     for request in requests:
         abort_requests(self, request.seqs)  # notebook 09: out of the queues, blocks freed, "abort"
         self.publish_request(request, time.monotonic())
@@ -314,7 +325,7 @@ def fail_all(self: OnlineLLM, error: Exception) -> None:
     """After a failed step: drop every request (blocks freed, the engine stays usable) and hand the error
     to every live stream."""
     self.abort_all()
-    self.num_inflight, self.to_abort = 0, set()
+    self.num_inflight, self.to_abort = 0, []
     with self.live_lock:
         requests, self.live = list(self.live.values()), {}
         while True:  # requests queued but not admitted fail too

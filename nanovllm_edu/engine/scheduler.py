@@ -182,7 +182,9 @@ def _finish(self: Scheduler, seq: Sequence, reason: str) -> None:
     seq.status = SequenceStatus.FINISHED
     seq.finish_reason = reason
     self.block_manager.deallocate(seq)
-    self.running.remove(seq)
+    # running, as a rule; waiting when it was preempted before the token that ends it (a fork with no free
+    # block, notebook 08)
+    (self.running if seq in self.running else self.waiting).remove(seq)
 
 
 @patch
