@@ -4,8 +4,7 @@
 __all__ = ['BURST', 'LATENCY_KEYS', 'DEFAULT_RATES', 'record_token_times', 'stall_timeline', 'stall_summary',
            'plot_stall_timeline', 'arrival_times', 'latency_stats', 'request_row', 'serve_arrivals', 'rate_summary',
            'fresh_prompts', 'run_rate', 'machine_fields', 'run_online_benchmark', 'write_record', 'read_record',
-           'save_figure', 'format_ms', 'report', 'rate_axis', 'plot_online', 'parse_rates', 'add_engine_flags',
-           'parse_args', 'model_name', 'run', 'main']
+           'save_figure', 'format_ms', 'report', 'rate_axis', 'plot_online', 'parse_rates', 'parse_args', 'run', 'main']
 
 # %% ../../notebooks/14_serving.ipynb #p3-stall-code
 """The online benchmark, `python -m nanovllm_edu.bench.online` (exported from notebooks/14_serving.ipynb).
@@ -356,16 +355,13 @@ def plot_online(record: dict) -> Figure:
     return fig
 
 # %% ../../notebooks/14_serving.ipynb #p3-cli-flags-code
-# The command line: `python -m nanovllm_edu.bench.online`. The model and engine flags are those of
+# The command line: `python -m nanovllm_edu.bench.online`. The model, length and engine flags are those of
 # `python -m nanovllm_edu.bench`.
 import argparse
-import tempfile
 
-from .checkpoint import RANDOM_WEIGHTS_CONFIGS, random_weights_checkpoint
-from .cli import ENGINE_ARGS, OneLineErrors, check_lengths, check_setup, engine_args_from, positive_int
-from .workload import MIN_LEN, make_workload
-from ..config import ATTENTION_BACKENDS
-from ..utils.device import DEVICE_CHOICES
+from .cli import (OneLineErrors, add_engine_flags, add_length_flags, add_model_flags,
+                                    benchmark_model, check_lengths, engine_args_from, positive_int)
+from .workload import make_workload
 
 # On an H200 the seed workload runs offline at ~39 requests/s (256 in ~6.5 s): 10 and 20 are light load, 40 is
 # about the engine's capacity, a burst is far past it. Each rate's 256 requests take under ~35 s there.
@@ -386,35 +382,17 @@ def parse_rates(text: str) -> list[float]:
         rates.append(rate)
     return rates
 
-
-def add_engine_flags(ap: argparse.ArgumentParser) -> None:
-    """The engine flags of `python -m nanovllm_edu.bench` (`engine_args_from` reads them)."""
-    ap.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
-    ap.add_argument("--backend", default="auto", choices=ATTENTION_BACKENDS, help="attention backend")
-    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    ap.add_argument("--no-async-scheduling", action="store_true",
-                    help="wait for each step's tokens before planning the next")
-    ap.add_argument("--no-prefix-caching", action="store_true")
-    for name, (kind, help_text) in ENGINE_ARGS.items():
-        ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
-
 # %% ../../notebooks/14_serving.ipynb #p3-cli-args-code
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = OneLineErrors(prog="python -m nanovllm_edu.bench.online",
                        description="Latency and throughput of nanovllm_edu with requests arriving over time "
                                    "(a Poisson process per rate) with the seed benchmark's lengths. On a CPU "
                                    "try: --num-requests 16 --max-input-len 128 --max-output-len 32 --rates 4,inf")
-    which = ap.add_mutually_exclusive_group()
-    which.add_argument("--model", help="checkpoint folder (default: the tiny model on CPU, random Qwen3-0.6B on GPU)")
-    which.add_argument("--random-weights", choices=list(RANDOM_WEIGHTS_CONFIGS),
-                       help="random bf16 weights with these shapes")
+    add_model_flags(ap)
     ap.add_argument("--rates", type=parse_rates, default=parse_rates(DEFAULT_RATES),
                     help=f"request rates (requests/s), inf for a burst (default {DEFAULT_RATES})")
     ap.add_argument("--num-requests", type=positive_int, default=256, help="requests per rate (default 256)")
-    for kind, what in (("input", "prompt"), ("output", "completion")):
-        ap.add_argument(f"--max-{kind}-len", type=positive_int, default=1024, help=f"longest {what} (default 1024)")
-        ap.add_argument(f"--min-{kind}-len", type=positive_int, default=None,
-                        help=f"shortest {what} (default {MIN_LEN}, or --max-{kind}-len when that is smaller)")
+    add_length_flags(ap)
     ap.add_argument("--seed", type=int, default=0, help="seed of the prompts, lengths and arrival times")
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds one rate's run may take (default 300)")
@@ -433,14 +411,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(str(err))
     return args
 
-
-def model_name(args: argparse.Namespace) -> str | None:
-    """The random-weight model to build, if any: the one asked for, or Qwen3-0.6B on a GPU without --model."""
-    from nanovllm_edu.utils.device import resolve_device
-    if args.model is None and args.random_weights is None and resolve_device(args.device).type == "cuda":
-        return "qwen3-0.6b"
-    return args.random_weights
-
 # %% ../../notebooks/14_serving.ipynb #p3-cli-main-code
 def run(model: str, args: argparse.Namespace, workload) -> dict:
     """Load the online engine, run every rate (and the stall timeline if asked); the record."""
@@ -456,21 +426,15 @@ def run(model: str, args: argparse.Namespace, workload) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     """Run the online benchmark from command-line arguments; print the summary, write the JSON and plots asked
     for; return the record."""
-    from nanovllm_edu.assets import tiny_model_path
     args = parse_args(argv)
     workload = make_workload(args.num_requests, args.max_input_len, args.max_output_len, args.seed,
                              args.temperature, args.min_input_len, args.min_output_len)
     try:  # a bad value is one line and argparse's exit code, not a traceback
-        random_name = model_name(args)
-        config_folder = Path(RANDOM_WEIGHTS_CONFIGS[random_name]()).parent if random_name else None
-        check_setup(str(config_folder or args.model or tiny_model_path()), engine_args_from(args), workload)
-        with tempfile.TemporaryDirectory(prefix="nanovllm_edu_online_") as tmp:
-            model = random_weights_checkpoint(random_name, tmp) if random_name else args.model or tiny_model_path()
+        with benchmark_model(args, workload, "nanovllm_edu_online_") as (model, label):
             record = run(model, args, workload)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    label = f"random-weights:{random_name}" if random_name else model
     record = {"label": args.label, "argv": list(sys.argv[1:] if argv is None else argv)} | record | {"model": label}
     print(report(record))
     if args.json:

@@ -16,10 +16,8 @@ from pathlib import Path
 import uvicorn
 
 from ..assets import tiny_model_path
-from ..bench.cli import ENGINE_ARGS, OneLineErrors, engine_args_from
-from ..config import ATTENTION_BACKENDS
+from ..bench.cli import OneLineErrors, add_engine_flags, engine_args_from
 from ..engine.online import OnlineLLM
-from ..utils.device import DEVICE_CHOICES
 from .app import EngineServer, build_app, listen_socket
 
 GRACEFUL_SECONDS = 3  # how long uvicorn waits for open responses once the engine has ended their requests
@@ -34,14 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="the model id clients send (default: the model folder's name)")
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     ap.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    ap.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
-    ap.add_argument("--attention-backend", dest="backend", default="auto", choices=ATTENTION_BACKENDS)
-    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    ap.add_argument("--no-async-scheduling", action="store_true",
-                    help="wait for each step's tokens before planning the next")
-    ap.add_argument("--no-prefix-caching", action="store_true")
-    for name, (kind, help_text) in ENGINE_ARGS.items():
-        ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
+    add_engine_flags(ap, backend_flag="--attention-backend")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return ap.parse_args(argv)
 
