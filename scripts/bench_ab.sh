@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Before/after on one machine, in one call (the GPU machine is noisy: only runs of the same call compare).
-# Alternates the seed benchmark of an older copy of the package and of this checkout, REPS times each, and
-# writes every record to $RESULTS/bench_{before,after}_REP.json and the log to $RESULTS/bench_ab.log.
+# Alternates the seed benchmark of older copies of the package and of this checkout, REPS times each, and
+# writes every record to $RESULTS/bench_{NAME,after}_REP.json (NAME: each copy's folder name without its
+# leading dot) and the log to $RESULTS/bench_ab.log.
 #
 #   git archive REV nanovllm_edu | tar -x -C .bench_old     (here; carry .bench_old to the GPU machine)
-#   bash scripts/bench_ab.sh .bench_old [REPS] [extra benchmark flags...]
+#   bash scripts/bench_ab.sh .bench_old[,.bench_step1,...] [REPS] [extra benchmark flags...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-old=$(cd "$1" && pwd); reps=${2:-2}; shift; [ $# -gt 0 ] && shift
+IFS=, read -ra olds <<< "$1"; reps=${2:-2}; shift; [ $# -gt 0 ] && shift
 RESULTS="${RESULTS:-out}"; mkdir -p "$RESULTS"; results=$(cd "$RESULTS" && pwd)
 site="$PWD/.whl/site"  # carried wheels, installed by gpu_suite.sh (fastcore for both copies)
 run() {  # run NAME DIR REP [flags]: one benchmark of the package found in DIR
@@ -18,6 +19,8 @@ run() {  # run NAME DIR REP [flags]: one benchmark of the package found in DIR
     2>&1 | tee -a "$results/bench_ab.log" | grep -E "tok/s|Error"
 }
 for rep in $(seq 1 "$reps"); do
-  run before "$old" "$rep" "$@"
+  for old in "${olds[@]}"; do
+    name=$(basename "$old"); run "${name#.}" "$(cd "$old" && pwd)" "$rep" "$@"
+  done
   run after "$PWD" "$rep" "$@"
 done

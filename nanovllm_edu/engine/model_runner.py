@@ -19,7 +19,7 @@ from torch import Tensor
 from ..config import Config
 from ..layers.backends.base import attach_kv_cache
 from ..layers.backends.registry import get_attention_backend
-from ..layers.sampler import (Sampler, TokenCounts, apply_min_p, apply_penalties, to_device,
+from ..layers.sampler import (TokenCounts, apply_min_p, apply_penalties, make_sampler, to_device,
                                          token_logprobs)
 from ..models.qwen3 import Qwen3ForCausalLM, head_dim_of
 from ..utils.device import resolve_device
@@ -45,7 +45,7 @@ class ModelRunner:
                                                       tp_size=self.tp_size)
         self.dtype = next(self.model.parameters()).dtype
         self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size)
-        self.sampler = Sampler()
+        self.sampler = make_sampler(self.device)  # one pass over the logits on a GPU
         self.token_counts = TokenCounts(config.hf_config.vocab_size, self.device)  # for the penalties
         self.sampled_logprobs = None  # the logprobs of the step being launched (`sample` -> `launch`)
         self.prompt_logprobs = None  # the same for the prompt positions it scores (`score_prompt`)
@@ -199,11 +199,12 @@ def prepare_sample(self: ModelRunner, seqs: list[Sequence]) -> dict:
            "all_greedy": all(p.temperature == 0 for p in params)}
     if any(p.top_k != -1 for p in params):
         out["top_ks"] = tensor([p.top_k if p.top_k != -1 else vocab for p in params], torch.int64)
+        out["top_k_max"] = max(p.top_k if p.top_k != -1 else vocab for p in params)
     if any(p.top_p < 1.0 for p in params):
         out["top_ps"] = tensor([p.top_p for p in params], torch.float32)
     seeded = [i for i, p in enumerate(params) if p.seed is not None and p.temperature > 0]
     if seeded:
-        out["seeds"] = tensor([p.seed if p.seed is not None else 0 for p in params], torch.int64)
+        out["seeds"] = tensor([p.seed if p.seed is not None and p.temperature > 0 else -1 for p in params], torch.int64)
         out["positions"] = tensor([seq.num_tokens for seq in seqs], torch.int64)
         out["seeded_rows"] = tensor(seeded, torch.int64)
     if not any(p.penalised or p.min_p or p.logprobs is not None for p in params):

@@ -1,0 +1,123 @@
+"""The one-pass sampler (kernels/sampling.py, TritonSampler) against the torch Sampler: on a CPU through Triton's
+interpreter at small sizes, on a GPU (`-m gpu`) at Qwen3's vocabulary and the benchmark's batch."""
+import pytest
+import torch
+
+from nanovllm_edu.kernels.sampling import race_sample
+from nanovllm_edu.layers.sampler import (Sampler, TritonSampler, apply_min_p, apply_penalties, make_sampler,
+                                         top_k_top_p_thresholds)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+TEMPS = [0.0, 0.6, 1.0, 1.5, 0.6, 2.0, 0.8, 1.0]
+
+
+def mixed_batch(batch: int, vocab: int, device: str = "cpu", dtype=torch.bfloat16, seed: int = 0):
+    """Logits, temperatures (one greedy row in eight), seeds (all rows) and positions."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(batch, vocab, generator=gen) * 3).to(dtype).to(device)
+    temps = torch.tensor([TEMPS[i % 8] for i in range(batch)], device=device)
+    seeds = torch.randint(0, 2**62, (batch,), generator=gen).to(device)
+    positions = torch.randint(0, 40_000, (batch,), generator=gen).to(device)
+    return logits, temps, seeds, positions
+
+
+TOP = {"plain": {},
+       "top_k": lambda ks, ps: dict(top_ks=ks, top_k_max=int(ks.max())),
+       "top_k_top_p": lambda ks, ps: dict(top_ks=ks, top_ps=ps, top_k_max=int(ks.max())),
+       "top_p": lambda ks, ps: dict(top_ps=ps)}
+
+
+def asks(name: str, batch: int, device: str) -> dict:
+    if name == "plain":
+        return {}
+    ks = torch.tensor([[20, 5, 1, 3, 20, 40, 20, 2][i % 8] for i in range(batch)], device=device)
+    ps = torch.tensor([[0.95, 0.9, 1.0, 0.5, 0.95, 0.8, 1.0, 0.95][i % 8] for i in range(batch)], device=device)
+    return TOP[name](ks, ps)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("name", list(TOP))
+def test_seeded_rows_equal_the_reference(name, dtype):
+    logits, temps, seeds, positions = mixed_batch(8, 3000, dtype=dtype)
+    kw = asks(name, 8, "cpu")
+    fast = TritonSampler()(logits, temps, seeds=seeds, positions=positions, **kw)
+    reference = Sampler()(logits, temps, seeds=seeds, positions=positions, seeded_rows=torch.arange(8), **kw)
+    assert torch.equal(fast, reference)
+
+
+def test_a_seeded_row_does_not_depend_on_its_batch_or_the_step_seed():
+    logits, temps, seeds, positions = mixed_batch(4, 3000)
+    seeds[0] = -1  # an unseeded neighbour
+    together = race_sample(logits, temps, 1, seeds, positions)
+    for row in (1, 2, 3):
+        alone = race_sample(logits[row:row + 1], temps[row:row + 1], 999, seeds[row:row + 1], positions[row:row + 1])
+        assert alone.item() == together[row].item()
+
+
+def test_greedy_rows_break_ties_like_argmax():
+    logits = torch.zeros(3, 9000, dtype=torch.bfloat16)
+    logits[0, [4500, 8100]] = 2.0  # the two maxima sit in different tiles
+    logits[1, [7, 8]] = 1.0
+    logits[2] = -1.0  # every token ties
+    assert race_sample(logits, torch.zeros(3), 0).tolist() == logits.argmax(dim=-1).tolist() == [4500, 7, 0]
+
+
+def test_unseeded_rows_follow_the_softmax_and_change_with_the_step_seed():
+    row = torch.tensor([1.5, 1.0, 0.0, -1.0, 0.5])
+    many = row.expand(500, 5).contiguous()
+    first = race_sample(many, torch.ones(500), step_seed=1)
+    freq = torch.bincount(first, minlength=5) / 500
+    assert torch.allclose(freq, torch.softmax(row, -1), atol=0.07)  # ~3 standard deviations of 500 draws
+    assert not torch.equal(first, race_sample(many, torch.ones(500), step_seed=2))
+
+
+def test_penalised_and_min_p_logits_sample_like_the_reference():
+    """The runner applies penalties and min_p before the sampler (float32 logits, -inf where min_p masks)."""
+    logits, temps, seeds, positions = mixed_batch(4, 2000, dtype=torch.float32)
+    counts = torch.randint(0, 3, (4, 2000), dtype=torch.int32)
+    shaped = apply_penalties(logits, counts, counts > 1, torch.full((4,), 0.5), torch.full((4,), 0.2),
+                             torch.full((4,), 1.3))
+    shaped = apply_min_p(shaped, temps[:4], torch.tensor([0.1, 0.0, 0.3, 0.05]))
+    fast = TritonSampler()(shaped, temps[:4], seeds=seeds[:4], positions=positions[:4])
+    assert torch.equal(fast, Sampler()(shaped, temps[:4], seeds=seeds[:4], positions=positions[:4],
+                                       seeded_rows=torch.arange(4)))
+
+
+def test_thresholds_keep_what_the_reference_keeps():
+    logits, temps, _, _ = mixed_batch(8, 3000, dtype=torch.float32)
+    temps = temps.clamp(min=0.5)
+    for name in ("top_k", "top_k_top_p", "top_p"):
+        kw = asks(name, 8, "cpu")
+        scaled = logits / temps.unsqueeze(1)
+        kept = Sampler.apply_top_k_top_p(scaled, kw.get("top_ks"), kw.get("top_ps")) > float("-inf")
+        thresholds = top_k_top_p_thresholds(logits, temps, kw.get("top_ks"), kw.get("top_ps"), kw.get("top_k_max"))
+        assert torch.equal(kept, scaled >= thresholds.unsqueeze(1)), name
+
+
+def test_make_sampler_picks_the_torch_sampler_on_a_cpu():
+    assert type(make_sampler(torch.device("cpu"))) is Sampler
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("name", list(TOP))
+def test_full_vocabulary_on_the_gpu_equals_the_reference(name):
+    torch.manual_seed(0)
+    logits, temps, seeds, positions = mixed_batch(256, 151_936, "cuda")
+    kw = asks(name, 256, "cuda")
+    fast = TritonSampler()(logits, temps, seeds=seeds, positions=positions, **kw)
+    reference = Sampler()(logits, temps, seeds=seeds, positions=positions, seeded_rows=torch.arange(256, device="cuda"),
+                          **kw)
+    # near-ties of the race in float32 could split the two (log space vs probability space): none expected
+    assert (fast != reference).sum().item() == 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_unseeded_draws_on_the_gpu_follow_the_softmax():
+    row = torch.tensor([1.5, 1.0, 0.0, -1.0, 0.5, 0.2, -0.3, 2.0], device="cuda")
+    n = 200_000
+    draws = race_sample(row.expand(n, 8).contiguous().to(torch.bfloat16), torch.full((n,), 0.8, device="cuda"), 123)
+    freq = torch.bincount(draws, minlength=8).float() / n
+    expected = torch.softmax(row.to(torch.bfloat16).float() / 0.8, -1)
+    assert (freq - expected).abs().max().item() < 0.005  # ~5 standard deviations of 2 * 10^5 draws
