@@ -1,0 +1,48 @@
+"""scripts/kernel_tables.py on a CPU: tiny sizes through the whole path (shapes, floors, JSON, markdown)."""
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("kernel_tables", ROOT / "scripts" / "kernel_tables.py")
+kernel_tables = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(kernel_tables)
+
+TINY = kernel_tables.Sizes(gemm_ms=(1,), batch_sizes=(1,), context_lens=(32,), mix_batch=2,
+                           mix_context_range=(16, 48))
+RATES = kernel_tables.Rates(copy_bandwidth=4e12, peak_flops=800e12, source="given")
+
+
+def test_qwen3_decode_gemm_shapes():
+    shape = kernel_tables.ModelShape.from_config(json.loads(kernel_tables.MODEL_CONFIG.read_text()))
+    assert kernel_tables.decode_gemm_shapes(shape) == {
+        "qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
+        "lm_head": (151936, 1024)}
+
+
+def test_gemm_floor_is_memory_bound_at_small_m_and_compute_bound_at_large():
+    small = kernel_tables.gemm_floor(1, 4096, 1024, RATES)
+    assert small["bound"] == "memory"
+    assert small["floor_us"] == small["bytes"] / RATES.copy_bandwidth * 1e6
+    assert kernel_tables.gemm_floor(65536, 4096, 1024, RATES)["bound"] == "compute"
+
+
+def test_tables_are_written_and_rendered(tmp_path):
+    records = kernel_tables.write_tables(tmp_path, TINY, RATES)
+    gemm = json.loads((tmp_path / "gemm_decode.json").read_text())
+    attention = json.loads((tmp_path / "decode_attention.json").read_text())
+    assert gemm == records["gemm_decode"] and attention == records["decode_attention"]
+    for record in (gemm, attention):
+        assert record["copy_bandwidth_GBps"] == 4000 and record["peak_bf16_TFLOPs"] == 800
+        assert record["empty_kernel_us"] > 0 and record["smoke"]
+    assert [row["gemm"] for row in gemm["rows"]] == ["qkv", "o", "gate_up", "down", "lm_head"]
+    assert all(row[f"{lib}_{method}_us"] > 0 for row in gemm["rows"] for lib in ("cublas", "cublaslt")
+               for method in ("do_bench", "graph"))
+    assert [(row["kind"], row["batch"]) for row in attention["rows"]] == [("uniform", 1), ("mix", 2)]
+    uniform, mix = attention["rows"]
+    assert uniform["kv_bytes"] == 32 * 8 * 128 * 2 * 2 and uniform["graph_us"] is None
+    assert 16 <= mix["context_min"] <= mix["context_max"] <= 48
+    table = kernel_tables.markdown_table(attention)
+    assert table.count("\n| ") == 3  # header + 2 rows
+    assert f"| mix | 2 | {mix['context_min']}..{mix['context_max']} |" in table
+    assert kernel_tables.markdown_table(gemm).count("\n| lm_head | 1 | 151936 | 1024 |") == 1
