@@ -5,7 +5,7 @@
 # when $OUT is set (the device tool's folder, which takes back only a few files) they are also packed into
 # $OUT/gpu_suite.tgz, with the summary in $OUT/summary.txt.
 #
-#   bash scripts/gpu_suite.sh [tests] [notebooks] [bench] [sync] [eager] [tp] [graphs]      (no argument: all)
+#   bash scripts/gpu_suite.sh [tests] [notebooks] [bench] [sync] [eager] [tp] [graphs] [kernels]  (no argument: all)
 #   NOTEBOOKS="notebooks/13_benchmark.ipynb" bash scripts/gpu_suite.sh notebooks                (some notebooks)
 #
 # Uses the machine's own python3 (torch, triton, transformers, safetensors, xxhash, tqdm, matplotlib); the
@@ -26,7 +26,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH="$PWD/.whl/site:$PYTHONPATH"
 fi
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests notebooks bench sync eager tp graphs)
+[ ${#stages[@]} -eq 0 ] && stages=(tests notebooks bench sync eager tp graphs kernels)
 status=0
 num_gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RESULTS/gpu.txt"
@@ -71,6 +71,13 @@ for stage in "${stages[@]}"; do
       PYTHONFAULTHANDLER=1 timeout -s ABRT "${ONLINE_LIMIT_S:-600}" python3 -m nanovllm_edu.bench.online --random-weights qwen3-0.6b --backend triton --json "$RESULTS/online.json" --plot "$RESULTS/online.png" --stall-plot "$RESULTS/online_stall.png" 2>&1 | tee "$RESULTS/online.log" || status=1 ;;
     graphs)
       timeout 300 python3 scripts/measure_cuda_graphs.py --json "$RESULTS/cuda_graphs.json" 2>&1 | tee "$RESULTS/graphs.log" || status=1 ;;
+    kernels)
+      # the sampler, the decode GEMMs and attention against their floors, and one decode step kernel by kernel
+      for job in "measure_sampler.py --json $RESULTS/sampler.json" "kernel_tables.py --json-dir $RESULTS" \
+                 "profile_decode.py --json $RESULTS/profile_decode.json"; do
+        echo "=== $job" | tee -a "$RESULTS/kernels.log"
+        timeout -s ABRT 300 python3 scripts/$job 2>&1 | tee -a "$RESULTS/kernels.log" || status=1
+      done ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done
