@@ -86,11 +86,12 @@ class Sizes:
     context_lens: tuple[int, ...]
     mix_batch: int
     mix_context_range: tuple[int, int]
+    split_sweep_batches: tuple[int, ...]  # mixed batches of these sizes, split count forced to 1, 2, 4, 8
 
 
 FULL = Sizes((1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256), (1, 4, 16, 64, 128, 256),
-             (100, 256, 512, 1024, 1536, 2048), 256, (100, 2048))
-SMOKE = Sizes((1, 4), (1, 2), (100, 300), 2, (100, 300))
+             (100, 256, 512, 1024, 1536, 2048), 256, (100, 2048), (64, 128, 256))
+SMOKE = Sizes((1, 4), (1, 2), (100, 300), 2, (100, 300), (2,))
 
 
 @dataclass(frozen=True)
@@ -280,13 +281,17 @@ def gemm_rows(shape: ModelShape, ms: tuple[int, ...], timer: Timer, rates: Rates
 # ---------------------------------------------------------------- attention table
 
 
-def attention_cases(sizes: Sizes) -> list[tuple[str, list[int]]]:
-    """(kind, context length of each row): every batch size x every length, then the mixed batch."""
-    cases = [("uniform", [ctx] * batch) for batch in sizes.batch_sizes for ctx in sizes.context_lens]
+def attention_cases(sizes: Sizes) -> list[tuple[str, list[int], int | None]]:
+    """(kind, context length of each row, forced split count or None): every batch size x every length, the
+    mixed batch, then mixed batches of several sizes with the split count forced to 1, 2, 4 and 8 (does
+    splitting long rows balance a batch of uneven rows better than the default from static shapes?)."""
+    cases = [("uniform", [ctx] * batch, None) for batch in sizes.batch_sizes for ctx in sizes.context_lens]
     low, high = sizes.mix_context_range
     generator = torch.Generator().manual_seed(SEED)
     mix = torch.randint(low, high + 1, (sizes.mix_batch,), generator=generator).tolist()
-    return cases + [("mix", mix)]
+    sweep = [(f"mix, {splits} splits", mix[:batch], splits) for batch in sizes.split_sweep_batches
+             for splits in (1, 2, 4, 8)]
+    return cases + [("mix", mix, None)] + sweep
 
 
 def kv_pool(num_blocks: int, block_size: int, shape: ModelShape,
@@ -304,8 +309,8 @@ def shuffled_block_tables(batch: int, width: int, num_blocks: int, generator: to
     return blocks.view(batch, width).to(torch.int32).to(device)
 
 
-def attention_row(kind: str, lens: list[int], caches: tuple[torch.Tensor, torch.Tensor], shape: ModelShape,
-                  generator: torch.Generator, timer: Timer, rates: Rates, empty_us: float) -> dict:
+def attention_row(kind: str, lens: list[int], forced_splits: int | None, caches: tuple[torch.Tensor, torch.Tensor],
+                  shape: ModelShape, generator: torch.Generator, timer: Timer, rates: Rates, empty_us: float) -> dict:
     """Time paged_decode on one batch (row b has lens[b] cached tokens) and compare it with its floors."""
     k_cache, v_cache = caches
     device, block_size = k_cache.device, k_cache.shape[1]
@@ -316,13 +321,13 @@ def attention_row(kind: str, lens: list[int], caches: tuple[torch.Tensor, torch.
     scale = shape.head_dim ** -0.5
 
     def decode() -> None:
-        paged_decode(q, k_cache, v_cache, tables, context_lens, scale)
+        paged_decode(q, k_cache, v_cache, tables, context_lens, scale, num_splits=forced_splits)
     us = timer.flushed_us(decode)
     kv_bytes = sum(lens) * shape.num_kv_heads * shape.head_dim * 2 * 2
     # the split count paged_decode picks on a GPU (from static shapes); the interpreter always uses one
-    splits = (decode_num_splits(batch, shape.num_kv_heads, width * block_size,
-                                torch.cuda.get_device_properties(device).multi_processor_count)
-              if device.type == "cuda" else 1)
+    splits = forced_splits or (decode_num_splits(batch, shape.num_kv_heads, width * block_size,
+                                                 torch.cuda.get_device_properties(device).multi_processor_count)
+                               if device.type == "cuda" else 1)
     return {"kind": kind, "batch": batch, "context_len": round(sum(lens) / batch), "context_min": min(lens),
             "context_max": max(lens), "num_splits": splits, "kv_bytes": kv_bytes, "us": us,
             "graph_us": timer.replayed_flushed_us(decode), "GBps": kv_bytes / us / 1e3,
@@ -334,12 +339,12 @@ def attention_rows(shape: ModelShape, sizes: Sizes, timer: Timer, rates: Rates, 
     """One row per attention case, all drawing blocks from one pool big enough for the largest."""
     block_size = Config.kvcache_block_size
     cases = attention_cases(sizes)
-    num_blocks = max(len(lens) * math.ceil(max(lens) / block_size) for _, lens in cases)
+    num_blocks = max(len(lens) * math.ceil(max(lens) / block_size) for _, lens, _ in cases)
     caches = kv_pool(num_blocks, block_size, shape, device)
     generator = torch.Generator().manual_seed(SEED)
     rows = []
-    for kind, lens in cases:
-        rows.append(attention_row(kind, lens, caches, shape, generator, timer, rates, empty_us))
+    for kind, lens, splits in cases:
+        rows.append(attention_row(kind, lens, splits, caches, shape, generator, timer, rates, empty_us))
         if len(rows) % len(sizes.context_lens) == 0:
             print(f"attention: {len(rows)}/{len(cases)} cases done", flush=True)
     return rows
@@ -375,7 +380,7 @@ ATTENTION_COLUMNS = [("kind", "kind", "{}"), ("batch", "batch", "{}"), ("context
 
 def attention_display_row(row: dict) -> dict:
     """An attention row with the cells its table derives: context (a range for the mix) and KV in MB."""
-    context = (f"{row['context_min']}..{row['context_max']}" if row["kind"] == "mix" else row["context_len"])
+    context = (f"{row['context_min']}..{row['context_max']}" if row["kind"].startswith("mix") else row["context_len"])
     return {**row, "context": context, "kv_MB": row["kv_bytes"] / 1e6}
 
 

@@ -91,7 +91,7 @@ def test_thresholds_keep_what_the_reference_keeps():
         scaled = logits / temps.unsqueeze(1)
         kept = Sampler.apply_top_k_top_p(scaled, kw.get("top_ks"), kw.get("top_ps")) > float("-inf")
         thresholds = top_k_top_p_thresholds(logits, temps, kw.get("top_ks"), kw.get("top_ps"), kw.get("top_k_max"))
-        assert torch.equal(kept, scaled >= thresholds.unsqueeze(1)), name
+        assert torch.equal(kept, logits >= thresholds.unsqueeze(1)), name
 
 
 def test_make_sampler_picks_the_torch_sampler_on_a_cpu():

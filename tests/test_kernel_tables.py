@@ -9,7 +9,7 @@ kernel_tables = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(kernel_tables)
 
 TINY = kernel_tables.Sizes(gemm_ms=(1,), batch_sizes=(1,), context_lens=(32,), mix_batch=2,
-                           mix_context_range=(16, 48))
+                           mix_context_range=(16, 48), split_sweep_batches=(2,))
 RATES = kernel_tables.Rates(copy_bandwidth=4e12, peak_flops=800e12, source="given")
 
 
@@ -38,11 +38,13 @@ def test_tables_are_written_and_rendered(tmp_path):
     assert [row["gemm"] for row in gemm["rows"]] == ["qkv", "o", "gate_up", "down", "lm_head"]
     assert all(row[f"{lib}_{method}_us"] > 0 for row in gemm["rows"] for lib in ("cublas", "cublaslt")
                for method in ("do_bench", "graph"))
-    assert [(row["kind"], row["batch"]) for row in attention["rows"]] == [("uniform", 1), ("mix", 2)]
-    uniform, mix = attention["rows"]
+    assert [(row["kind"], row["batch"], row["num_splits"]) for row in attention["rows"]] == [
+        ("uniform", 1, 1), ("mix", 2, 1), ("mix, 1 splits", 2, 1), ("mix, 2 splits", 2, 2), ("mix, 4 splits", 2, 4),
+        ("mix, 8 splits", 2, 8)]
+    uniform, mix = attention["rows"][:2]
     assert uniform["kv_bytes"] == 32 * 8 * 128 * 2 * 2 and uniform["graph_us"] is None
     assert 16 <= mix["context_min"] <= mix["context_max"] <= 48
     table = kernel_tables.markdown_table(attention)
-    assert table.count("\n| ") == 3  # header + 2 rows
+    assert table.count("\n| ") == 7  # header + 6 rows
     assert f"| mix | 2 | {mix['context_min']}..{mix['context_max']} |" in table
     assert kernel_tables.markdown_table(gemm).count("\n| lm_head | 1 | 151936 | 1024 |") == 1

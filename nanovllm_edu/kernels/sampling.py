@@ -17,22 +17,25 @@ if HAS_TRITON:  # the module must import without Triton (e.g. macOS); the torch 
 
     @triton.jit
     def _hash_uniform(seed, position, tokens):
-        """hash_uniform (notebook 08) of one row's `tokens`: the same int64 arithmetic, the same float32 bits."""
-        M32: tl.constexpr = 0xFFFFFFFF
-        x = (seed * 0x9E3779B1 + position * 0x85EBCA77 + tokens.to(tl.int64) * 0xC2B2AE3D) & M32
-        x = ((x ^ (x >> 16)) * 0x7FEB352D) & M32  # lowbias32, as in hash_uniform
-        x = ((x ^ (x >> 16)) * 0x846CA68B) & M32
+        """hash_uniform (notebook 08) of one row's `tokens`, the same float32 bits. hash_uniform keeps the low
+        32 bits of int64 products; uint32 arithmetic wraps to exactly those bits, at a fraction of the cost."""
+        row_part = ((seed * 0x9E3779B1 + position * 0x85EBCA77) & 0xFFFFFFFF).to(tl.uint32)  # once per row
+        x = row_part + tokens.to(tl.uint32) * tl.full((), 0xC2B2AE3D, tl.uint32)
+        x = (x ^ (x >> 16)) * tl.full((), 0x7FEB352D, tl.uint32)  # lowbias32, as in hash_uniform
+        x = (x ^ (x >> 16)) * tl.full((), 0x846CA68B, tl.uint32)
         x = x ^ (x >> 16)
         return ((x.to(tl.float64) + 0.5) * (1.0 / 4294967296.0)).to(tl.float32)  # exact, then one rounding
 
     @triton.jit
     def _race_scores(logits, tokens, temperature, seed, position, threshold):
-        """Scores whose argmax is the row's token: the logit on a greedy row (T = 0); else l / T - log(E),
-        E = -log(U), and -inf below `threshold` (the row's top-k/top-p floor on l / T)."""
-        scaled = tl.div_rn(logits, tl.maximum(temperature, 1e-5))  # rounded as torch divides
-        noise = -tl.log(_hash_uniform(seed, position, tokens))
-        raced = tl.where(scaled < threshold, float("-inf"), scaled - tl.log(noise))
-        return tl.where(temperature == 0, logits, raced)
+        """Scores whose argmax is the row's token: the logit on a greedy row (T = 0, no noise computed);
+        else l / T - log(E), E = -log(U), and -inf where the logit is below the row's top-k/top-p `threshold`."""
+        scores = logits
+        if temperature != 0:
+            noise = -tl.log(_hash_uniform(seed, position, tokens))
+            scores = logits * (1.0 / tl.maximum(temperature, 1e-5)) - tl.log(noise)
+            scores = tl.where(logits < threshold, float("-inf"), scores)
+        return scores
 
 # %% ../../notebooks/08_engine.ipynb #race-launch-code
 RACE_BLOCK = 4096  # tokens per program: 38 tiles per row of Qwen3's vocabulary
@@ -78,7 +81,7 @@ def race_sample(logits: Tensor, temperatures: Tensor, step_seed: int, seeds: Ten
                 positions: Tensor | None = None, thresholds: Tensor | None = None) -> Tensor:
     """One token per row of `logits` [B, V] (bf16 or float32, rows contiguous), each logit read once.
     temperatures [B] (0: greedy); seeds [B] int64 (-1: unseeded) with positions [B]; thresholds [B]
-    float32, the floor on l / T that top-k/top-p keep. Unseeded rows hash (step_seed, row)."""
+    float32, the smallest logit top-k/top-p keep (-inf: none). Unseeded rows hash (step_seed, row)."""
     if not HAS_TRITON:
         raise RuntimeError("race_sample needs Triton; use the torch Sampler (layers/sampler.py)")
     assert logits.stride(1) == 1, "each row of logits must be contiguous"

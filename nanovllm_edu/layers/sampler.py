@@ -168,13 +168,13 @@ from ..kernels.sampling import HAS_TRITON, race_sample
 
 def top_k_top_p_thresholds(logits: torch.Tensor, temperatures: torch.Tensor, top_ks: torch.Tensor | None,
                            top_ps: torch.Tensor | None, top_k_max: int | None) -> torch.Tensor:
-    """Per row, the smallest temperature-scaled logit top-k and top-p keep [B] (float32). Only the
-    `top_k_max` best logits are sorted (torch.topk) when every row has a top-k; else whole rows."""
+    """Per row, the smallest logit top-k and top-p keep [B] (float32). Only the `top_k_max` best logits are
+    sorted (torch.topk) when every row has a top-k; else whole rows."""
     vocab = logits.shape[1]
     k = min(top_k_max or vocab, vocab)
-    best = logits.topk(k, dim=-1).values if k < vocab else logits.sort(dim=-1, descending=True).values
-    scaled = best.float() / temperatures.clamp(min=1e-5).unsqueeze(1)  # as Sampler scales (T > 0 keeps order)
-    return scaled.masked_fill(nucleus_drop(scaled, top_ks, top_ps), float("inf")).amin(dim=-1)
+    best = (logits.topk(k, dim=-1).values if k < vocab else logits.sort(dim=-1, descending=True).values).float()
+    scaled = best / temperatures.clamp(min=1e-5).unsqueeze(1)  # the nucleus is on softmax(l / T), as in Sampler
+    return best.masked_fill(nucleus_drop(scaled, top_ks, top_ps), float("inf")).amin(dim=-1)
 
 
 class TritonSampler(Sampler):
@@ -185,9 +185,8 @@ class TritonSampler(Sampler):
                 top_ps: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, seeded_rows: torch.Tensor | None = None,
                 all_greedy: bool = False, top_k_max: int | None = None) -> torch.Tensor:
-        """As `Sampler.forward`; `seeds` marks an unseeded row with -1 (`seeded_rows` is not needed)."""
-        if all_greedy:
-            return logits.argmax(dim=-1)
+        """As `Sampler.forward`; `seeds` marks an unseeded row with -1 (`seeded_rows` is not needed). An
+        all-greedy batch takes the same kernel: its rows skip the noise, and one read beats torch.argmax's."""
         thresholds = None
         if top_ks is not None or top_ps is not None:
             thresholds = top_k_top_p_thresholds(logits, temperatures, top_ks, top_ps, top_k_max)
