@@ -289,7 +289,8 @@ def attention_cases(sizes: Sizes) -> list[tuple[str, list[int], int | None]]:
     low, high = sizes.mix_context_range
     generator = torch.Generator().manual_seed(SEED)
     mix = torch.randint(low, high + 1, (sizes.mix_batch,), generator=generator).tolist()
-    sweep = [(f"mix, {splits} splits", mix[:batch], splits) for batch in sizes.split_sweep_batches
+    sweep = [(f"{kind}, {splits} splits", lens, splits) for batch in sizes.split_sweep_batches
+             for kind, lens in (("mix", mix[:batch]), ("uniform", [sizes.context_lens[len(sizes.context_lens) // 2]] * batch))
              for splits in (1, 2, 4, 8)]
     return cases + [("mix", mix, None)] + sweep
 
@@ -380,7 +381,8 @@ ATTENTION_COLUMNS = [("kind", "kind", "{}"), ("batch", "batch", "{}"), ("context
 
 def attention_display_row(row: dict) -> dict:
     """An attention row with the cells its table derives: context (a range for the mix) and KV in MB."""
-    context = (f"{row['context_min']}..{row['context_max']}" if row["kind"].startswith("mix") else row["context_len"])
+    context = (f"{row['context_min']}..{row['context_max']}" if row["context_min"] != row["context_max"]
+               else row["context_len"])
     return {**row, "context": context, "kv_MB": row["kv_bytes"] / 1e6}
 
 

@@ -39,12 +39,12 @@ def test_tables_are_written_and_rendered(tmp_path):
     assert all(row[f"{lib}_{method}_us"] > 0 for row in gemm["rows"] for lib in ("cublas", "cublaslt")
                for method in ("do_bench", "graph"))
     assert [(row["kind"], row["batch"], row["num_splits"]) for row in attention["rows"]] == [
-        ("uniform", 1, 1), ("mix", 2, 1), ("mix, 1 splits", 2, 1), ("mix, 2 splits", 2, 2), ("mix, 4 splits", 2, 4),
-        ("mix, 8 splits", 2, 8)]
+        ("uniform", 1, 1), ("mix", 2, 1), *[(f"{kind}, {n} splits", 2, n) for kind in ("mix", "uniform")
+                                           for n in (1, 2, 4, 8)]]
     uniform, mix = attention["rows"][:2]
     assert uniform["kv_bytes"] == 32 * 8 * 128 * 2 * 2 and uniform["graph_us"] is None
     assert 16 <= mix["context_min"] <= mix["context_max"] <= 48
     table = kernel_tables.markdown_table(attention)
-    assert table.count("\n| ") == 7  # header + 6 rows
+    assert table.count("\n| ") == 11  # header + 10 rows
     assert f"| mix | 2 | {mix['context_min']}..{mix['context_max']} |" in table
     assert kernel_tables.markdown_table(gemm).count("\n| lm_head | 1 | 151936 | 1024 |") == 1

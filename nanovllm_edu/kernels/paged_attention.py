@@ -126,7 +126,7 @@ def _decode_reduce_kernel(m_part_ptr, l_part_ptr, acc_part_ptr, out_ptr, num_spl
 # %% ../../notebooks/05_triton_attention.ipynb #311b24a9
 MAX_SPLITS = 32
 MIN_SPLIT_TOKENS = 64
-PROGRAMS_PER_SM = 8
+PROGRAMS_PER_SM = 32  # chosen from the split sweep of figures/decode_attention_h200.json
 
 
 def decode_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int = 132) -> int:

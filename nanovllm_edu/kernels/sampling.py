@@ -8,12 +8,13 @@ __all__ = ['HAS_TRITON', 'RACE_BLOCK', 'race_sample']
 import torch
 from torch import Tensor
 
-from ..utils.device import triton_available  # importing it first sets TRITON_INTERPRET without CUDA
+from ..utils.device import triton_available, triton_interpreted  # sets TRITON_INTERPRET without CUDA
 
 HAS_TRITON = triton_available()
 if HAS_TRITON:  # the module must import without Triton (e.g. macOS); the torch Sampler then serves
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 
     @triton.jit
     def _hash_uniform(seed, position, tokens):
@@ -24,15 +25,30 @@ if HAS_TRITON:  # the module must import without Triton (e.g. macOS); the torch 
         x = (x ^ (x >> 16)) * tl.full((), 0x7FEB352D, tl.uint32)  # lowbias32, as in hash_uniform
         x = (x ^ (x >> 16)) * tl.full((), 0x846CA68B, tl.uint32)
         x = x ^ (x >> 16)
-        return ((x.to(tl.float64) + 0.5) * (1.0 / 4294967296.0)).to(tl.float32)  # exact, then one rounding
+        # (x + 0.5) / 2^32 rounded once to float32, as hash_uniform rounds its float64 value, without float64:
+        # x's high 24 bits and its low 8 bits + 0.5 are both exact in float32, so their sum rounds just once
+        high = (x & tl.full((), 0xFFFFFF00, tl.uint32)).to(tl.float32)
+        low = (x & 0xFF).to(tl.float32) + 0.5
+        return (high + low) * 2.3283064365386963e-10  # 2^-32, exact
 
     @triton.jit
-    def _race_scores(logits, tokens, temperature, seed, position, threshold):
+    def _log(x, ACCURATE: tl.constexpr):
+        """log(x): CUDA's accurate logf on a GPU (Triton's tl.log is an approximation there), NumPy's in the
+        interpreter (which has no libdevice)."""
+        if ACCURATE:
+            y = libdevice.log(x)
+        else:
+            y = tl.log(x)
+        return y
+
+    @triton.jit
+    def _race_scores(logits, tokens, temperature, seed, position, threshold, ACCURATE_LOG: tl.constexpr):
         """Scores whose argmax is the row's token: the logit on a greedy row (T = 0, no noise computed);
-        else l / T - log(E), E = -log(U), and -inf where the logit is below the row's top-k/top-p `threshold`."""
+        else l / T - log(E), E = -log(U), and -inf where the logit is below the row's top-k/top-p `threshold`.
+        The likeliest winners have U near 1, where only an accurate log tells their small E apart."""
         scores = logits
         if temperature != 0:
-            noise = -tl.log(_hash_uniform(seed, position, tokens))
+            noise = -_log(_hash_uniform(seed, position, tokens), ACCURATE_LOG)
             scores = logits * (1.0 / tl.maximum(temperature, 1e-5)) - tl.log(noise)
             scores = tl.where(logits < threshold, float("-inf"), scores)
         return scores
@@ -45,7 +61,8 @@ if HAS_TRITON:
     @triton.jit
     def _race_tile_kernel(logits_ptr, stride_row, temperatures_ptr, seeds_ptr, positions_ptr, thresholds_ptr,
                           best_score_ptr, best_token_ptr, vocab_size, num_tiles, step_seed,
-                          HAS_SEEDS: tl.constexpr, HAS_THRESHOLDS: tl.constexpr, BLOCK: tl.constexpr):
+                          HAS_SEEDS: tl.constexpr, HAS_THRESHOLDS: tl.constexpr, ACCURATE_LOG: tl.constexpr,
+                          BLOCK: tl.constexpr):
         """One tile of one row: its best score and the token that holds it."""
         row, tile = tl.program_id(0), tl.program_id(1)
         tokens = tile * BLOCK + tl.arange(0, BLOCK)
@@ -60,10 +77,11 @@ if HAS_TRITON:
         threshold = float("-inf")
         if HAS_THRESHOLDS:
             threshold = tl.load(thresholds_ptr + row)
-        scores = _race_scores(logits, tokens, tl.load(temperatures_ptr + row), seed, position, threshold)
+        scores = _race_scores(logits, tokens, tl.load(temperatures_ptr + row), seed, position, threshold,
+                              ACCURATE_LOG)
         scores = tl.where(in_vocab, scores, float("-inf"))
-        best = tl.argmax(scores, axis=0, tie_break_left=True)
-        tl.store(best_score_ptr + row * num_tiles + tile, tl.max(scores, axis=0))
+        best_score, best = tl.max(scores, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        tl.store(best_score_ptr + row * num_tiles + tile, best_score)
         tl.store(best_token_ptr + row * num_tiles + tile, tile * BLOCK + best)
 
     @triton.jit
@@ -95,7 +113,7 @@ def race_sample(logits: Tensor, temperatures: Tensor, step_seed: int, seeds: Ten
         _race_tile_kernel[(batch, num_tiles)](
             logits, logits.stride(0), temperatures, seeds, positions, thresholds, best_score, best_token, vocab,
             num_tiles, step_seed, HAS_SEEDS=seeds is not None, HAS_THRESHOLDS=thresholds is not None,
-            BLOCK=block)
+            ACCURATE_LOG=not triton_interpreted(), BLOCK=block)
         _race_reduce_kernel[(batch,)](best_score, best_token, tokens, num_tiles,
                                       TILES=triton.next_power_of_2(num_tiles))
     return tokens

@@ -185,8 +185,9 @@ class TritonSampler(Sampler):
                 top_ps: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, seeded_rows: torch.Tensor | None = None,
                 all_greedy: bool = False, top_k_max: int | None = None) -> torch.Tensor:
-        """As `Sampler.forward`; `seeds` marks an unseeded row with -1 (`seeded_rows` is not needed). An
-        all-greedy batch takes the same kernel: its rows skip the noise, and one read beats torch.argmax's."""
+        """As `Sampler.forward`; `seeds` marks an unseeded row with -1 (`seeded_rows` is not needed)."""
+        if all_greedy:
+            return logits.argmax(dim=-1)
         thresholds = None
         if top_ks is not None or top_ps is not None:
             thresholds = top_k_top_p_thresholds(logits, temperatures, top_ks, top_ps, top_k_max)
