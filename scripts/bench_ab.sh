@@ -6,6 +6,7 @@
 #
 #   git archive REV nanovllm_edu | tar -x -C .bench_old     (here; carry .bench_old to the GPU machine)
 #   bash scripts/bench_ab.sh .bench_old[,.bench_step1,...] [REPS] [extra benchmark flags...]
+#   BENCH_AB_THIS=0 bash scripts/bench_ab.sh ...   (only the listed copies, not this checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 IFS=, read -ra olds <<< "$1"; reps=${2:-2}; shift; [ $# -gt 0 ] && shift
@@ -22,5 +23,5 @@ for rep in $(seq 1 "$reps"); do
   for old in "${olds[@]}"; do
     name=$(basename "$old"); run "${name#.}" "$(cd "$old" && pwd)" "$rep" "$@"
   done
-  run after "$PWD" "$rep" "$@"
+  [ "${BENCH_AB_THIS:-1}" = 0 ] || run after "$PWD" "$rep" "$@"
 done

@@ -121,3 +121,18 @@ def test_unseeded_draws_on_the_gpu_follow_the_softmax():
     freq = torch.bincount(draws, minlength=8).float() / n
     expected = torch.softmax(row.to(torch.bfloat16).float() / 0.8, -1)
     assert (freq - expected).abs().max().item() < 0.005  # ~5 standard deviations of 2 * 10^5 draws
+
+
+def test_a_uniform_that_rounds_to_one_cannot_pick_a_masked_token():
+    """Seed 23 at position 7 hashes token 63364 to x >= 2^32 - 128, where (x + 0.5) / 2^32 rounds to 1.0 in
+    float32. Unclamped, E = -log(1) = -0.0 and a masked token races 0 / -0.0 = NaN, which argmax picks."""
+    from nanovllm_edu.layers.sampler import hash_uniform
+    seeds, positions = torch.tensor([23]), torch.tensor([7])
+    assert hash_uniform(seeds, positions, 63_365)[0, 63_364].item() < 1.0
+    logits = torch.randn(1, 64_000, generator=torch.Generator().manual_seed(1))
+    logits[0, 63_364] = -5.0  # far outside the top 5
+    top5 = set(logits[0].topk(5).indices.tolist())
+    kw = dict(seeds=seeds, positions=positions, top_ks=torch.tensor([5]), top_k_max=5)
+    reference = Sampler()(logits, torch.ones(1), seeded_rows=torch.tensor([0]), **kw)
+    fast = TritonSampler()(logits, torch.ones(1), **kw)
+    assert reference.item() in top5 and fast.item() == reference.item()

@@ -29,7 +29,7 @@ if HAS_TRITON:  # the module must import without Triton (e.g. macOS); the torch 
         # x's high 24 bits and its low 8 bits + 0.5 are both exact in float32, so their sum rounds just once
         high = (x & tl.full((), 0xFFFFFF00, tl.uint32)).to(tl.float32)
         low = (x & 0xFF).to(tl.float32) + 0.5
-        return (high + low) * 2.3283064365386963e-10  # 2^-32, exact
+        return tl.minimum((high + low) * 2.3283064365386963e-10, 0.9999999403953552)  # * 2^-32; below 1
 
     @triton.jit
     def _log(x, ACCURATE: tl.constexpr):

@@ -8,6 +8,7 @@ __all__ = ['hash_uniform', 'exponential_race', 'nucleus_drop', 'Sampler', 'apply
 import torch
 
 _M32 = 0xFFFFFFFF
+_BELOW_ONE = 1 - 2**-24  # the largest float32 under 1
 
 
 def hash_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -17,7 +18,9 @@ def hash_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     for mult in (0x7FEB352D, 0x846CA68B):  # a 32-bit integer mixer ("lowbias32"); products wrap, low bits stay exact
         x = ((x ^ (x >> 16)) * mult) & _M32
     x = x ^ (x >> 16)
-    return (x.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32)
+    # (x + 0.5) / 2^32 lies in (0, 1), but float32 rounds the top 128 values of x up to 1.0, and E = -log(1)
+    # would be (minus) zero: a masked token (p = 0) would then race 0 / -0.0 = NaN, which argmax picks
+    return (x.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32).clamp_(max=_BELOW_ONE)
 
 
 def exponential_race(logits: torch.Tensor, temperatures: torch.Tensor,
