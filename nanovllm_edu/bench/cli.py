@@ -9,6 +9,7 @@ __all__ = ['ENGINE_ARGS', 'OneLineErrors', 'positive_int', 'check_lengths', 'add
 """`python -m nanovllm_edu.bench`: the command line of the benchmark (exported from
 notebooks/13_benchmark.ipynb)."""
 import argparse
+import dataclasses
 import datetime
 import json
 import sys
@@ -104,6 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_length_flags(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=0.6)
+    ap.add_argument("--top-k", type=int, default=-1, help="every request's top_k (default -1: off)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (default 1: off)")
     add_engine_flags(ap)
     ap.add_argument("--breakdown", action="store_true", help="time the parts of each step (an extra run)")
     ap.add_argument("--compare-hf", action="store_true", help="also time transformers' generate on the workload")
@@ -204,8 +207,9 @@ def benchmark_model(args: argparse.Namespace, workload, prefix: str) -> Iterator
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark from command-line arguments; print the summary, write JSON if asked; return the record."""
     args = parse_args(argv)
-    workload = make_workload(args.num_seqs, args.max_input_len, args.max_output_len, args.seed, args.temperature,
-                             args.min_input_len, args.min_output_len)
+    workload = dataclasses.replace(make_workload(args.num_seqs, args.max_input_len, args.max_output_len, args.seed,
+                                                 args.temperature, args.min_input_len, args.min_output_len),
+                                   top_k=args.top_k, top_p=args.top_p)
     try:  # a bad value is one line and argparse's exit code, not a traceback
         with benchmark_model(args, workload, "nanovllm_edu_bench_") as (model, label):
             result = run_benchmark(model, workload, engine_args_from(args), args.breakdown, args.compare_hf,

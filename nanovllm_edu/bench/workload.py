@@ -25,6 +25,8 @@ class Workload:
     seed: int = 0
     input_len_range: tuple[int, int] = (MIN_LEN, 1024)
     output_len_range: tuple[int, int] = (MIN_LEN, 1024)
+    top_k: int = -1  # -1 and 1.0: off (the seed benchmark); top_k=20, top_p=0.95 is its sampler variant
+    top_p: float = 1.0
 
     @property
     def num_seqs(self) -> int:
@@ -43,7 +45,7 @@ class Workload:
         """The workload as plain data for the JSON record."""
         return {"num_seqs": self.num_seqs, "input_len_range": list(self.input_len_range),
                 "output_len_range": list(self.output_len_range), "seed": self.seed,
-                "temperature": self.temperature, "ignore_eos": True, "prompt_tokens": sum(self.prompt_lens),
+                "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "ignore_eos": True, "prompt_tokens": sum(self.prompt_lens),
                 "total_tokens": self.total_tokens, "token_id_range": [0, TOKEN_ID_HIGH]}
 
 # %% ../../notebooks/13_benchmark.ipynb #389bd0e8
@@ -83,11 +85,12 @@ def warmup_workload(workload: Workload, vocab_size: int) -> Workload:
                           min(WARMUP_TOKENS, workload.output_len_range[1]), workload.seed + 1, workload.temperature,
                           workload.input_len_range[0],
                           min(workload.output_len_range[0], WARMUP_TOKENS, workload.output_len_range[1]))
-    return fit_to_vocab(small, vocab_size)
+    return fit_to_vocab(dataclasses.replace(small, top_k=workload.top_k, top_p=workload.top_p), vocab_size)
 
 
 def sampling_params_for(workload: Workload) -> list:
-    """One SamplingParams per request: its max_tokens, the workload's temperature, EOS ignored."""
+    """One SamplingParams per request: its max_tokens, the workload's temperature, top-k and top-p, EOS ignored."""
     from nanovllm_edu.sampling_params import SamplingParams
-    return [SamplingParams(temperature=workload.temperature, max_tokens=m, ignore_eos=True)
+    return [SamplingParams(temperature=workload.temperature, top_k=workload.top_k, top_p=workload.top_p,
+                           max_tokens=m, ignore_eos=True)
             for m in workload.max_tokens]
