@@ -313,3 +313,30 @@ def test_triton_backend_is_resolved_lazily():
     backend = get_attention_backend("triton", torch.device("cpu"))
     assert isinstance(backend, AttentionBackend) and type(backend).__name__ == "TritonBackend"
 
+
+
+def test_paged_attention_hands_prepare_qk_to_its_backend_only_with_step_inputs():
+    """QK-norm and RoPE go through the backend in an engine step; without step inputs (model.logits) the
+    paged layer runs the model's modules, as the plain attention it replaced does."""
+    from nanovllm_edu.layers.attention import Attention
+    from nanovllm_edu.layers.backends.base import PagedAttention
+    from nanovllm_edu.layers.layernorm import RMSNorm
+    from nanovllm_edu.layers.rotary_embedding import RotaryEmbedding
+
+    class Recording(TorchBackend):
+        calls = 0
+
+        def prepare_qk(self, *args):
+            self.calls += 1
+            return super().prepare_qk(*args)
+
+    backend = Recording()
+    paged = PagedAttention(Attention(4, 16, 0.25, 2), torch.zeros(1, 16, 2, 16), torch.zeros(1, 16, 2, 16), backend)
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.tensor([3, 0, 9]), torch.randn(3, 4, 16, generator=gen), torch.randn(3, 2, 16, generator=gen),
+            RMSNorm(16), RMSNorm(16), RotaryEmbedding(16, 32, 10000.0))
+    expected = args[5](args[0], args[3](args[1]), args[4](args[2]))
+    plain = paged.prepare_qk(*args)
+    assert backend.calls == 0 and all(map(torch.equal, plain, expected))
+    through_backend = paged.prepare_qk(*args, attn_step(is_prefill=False))
+    assert backend.calls == 1 and all(map(torch.equal, through_backend, expected))

@@ -10,6 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .layernorm import RMSNorm
+from .rotary_embedding import RotaryEmbedding
+
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     "Causal attention of one sequence: q [T, H, d], k/v [T, KV, d] with H a multiple of KV -> [T, H, d]."
@@ -33,6 +36,13 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Any = None) -> torch.Tensor:
         return causal_attention(q, k, v, self.scale)
+
+    def prepare_qk(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm,
+                   k_norm: RMSNorm, rotary_emb: RotaryEmbedding,
+                   step: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """QK-norm, then RoPE, of q [T, heads, d] and k [T, kv_heads, d] with the model's own modules; `step`
+        as in `forward` (the paged attention of notebook 04 hands the work to its backend when it is set)."""
+        return rotary_emb(positions, q_norm(q), k_norm(k))
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"

@@ -11,6 +11,8 @@ from torch import Tensor, nn
 
 from ...engine.step_inputs import StepInputs
 from ..attention import Attention
+from ..layernorm import RMSNorm
+from ..rotary_embedding import RotaryEmbedding
 
 
 class AttentionBackend(ABC):
@@ -36,6 +38,11 @@ class AttentionBackend(ABC):
     def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInputs, scale: float) -> Tensor:
         """One query per sequence against `step.context_lens[b]` cached tokens of its block table."""
 
+    def prepare_qk(self, positions: Tensor, q: Tensor, k: Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
+                   rotary_emb: RotaryEmbedding) -> tuple[Tensor, Tensor]:
+        """QK-norm, then RoPE, of the step's new q and k: the model's own modules, as in notebook 02."""
+        return rotary_emb(positions, q_norm(q), k_norm(k))
+
 # %% ../../../notebooks/04_paged_blocks.ipynb #b8b475fd
 class PagedAttention(Attention):
     """The model's attention with a KV cache: store the step's new keys and values, then attend through the
@@ -53,6 +60,12 @@ class PagedAttention(Attention):
         if step.is_prefill:
             return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, step, self.scale)
         return self.backend.decode(q, self.k_cache, self.v_cache, step, self.scale)
+
+    def prepare_qk(self, positions: Tensor, q: Tensor, k: Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
+                   rotary_emb: RotaryEmbedding, step: StepInputs | None = None) -> tuple[Tensor, Tensor]:
+        if step is None:
+            return super().prepare_qk(positions, q, k, q_norm, k_norm, rotary_emb)
+        return self.backend.prepare_qk(positions, q, k, q_norm, k_norm, rotary_emb)
 
 
 def attach_kv_cache(model: nn.Module, kv_cache: Tensor, backend: AttentionBackend) -> list[PagedAttention]:

@@ -8,8 +8,11 @@ from torch import Tensor
 
 from ...engine.step_inputs import StepInputs
 from ...kernels.paged_attention import paged_decode, varlen_prefill
+from ...kernels.qk_norm_rope import qk_norm_rope
 from ...kernels.store_kvcache import store_kvcache
 from .base import AttentionBackend
+from ..layernorm import RMSNorm
+from ..rotary_embedding import RotaryEmbedding
 
 
 class TritonBackend(AttentionBackend):
@@ -30,3 +33,8 @@ class TritonBackend(AttentionBackend):
 
     def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInputs, scale: float) -> Tensor:
         return paged_decode(q, k_cache, v_cache, step.block_tables, step.context_lens, scale)
+
+    def prepare_qk(self, positions: Tensor, q: Tensor, k: Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
+                   rotary_emb: RotaryEmbedding) -> tuple[Tensor, Tensor]:
+        return qk_norm_rope(positions, q, k, q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps,
+                            rotary_emb.cos_sin_cache)
