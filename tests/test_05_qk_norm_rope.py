@@ -141,17 +141,19 @@ def test_asserts_name_what_the_kernel_needs():
 @gpu
 @needs_cuda
 def test_gpu_qwen3_shapes_match_the_modules():
-    """Qwen3-0.6B decode at batch 256 in bfloat16: within one bf16 ulp of the modules run eagerly (torch ops,
+    """Qwen3-0.6B decode at batch 256 in bfloat16: within bf16 rounding of the modules run eagerly (torch ops,
     each rounded) and of the torch.compile'd modules the engine runs without this kernel."""
     positions, q, k, wq, wk, cache = qkv_case(256, 16, 8, 128, torch.bfloat16, device="cuda", seed=7,
                                               max_position=40960)
     ours = qk_norm_rope(positions, q, k, wq, wk, EPS, EPS, cache)
     eager = rotate_qk.__wrapped__(positions, rms_norm.__wrapped__(q, wq, EPS), rms_norm.__wrapped__(k, wk, EPS),
                                   cache)
-    for ref in (eager, by_modules(positions, q, k, wq, wk, cache)):
+    # the eager ops round where the kernel does: under 1% of values may differ (summation order); torch.compile
+    # keeps float32 between the norm and the gain, so ~30% of values differ from it by a bf16 ulp (H200)
+    for ref, max_differing in ((eager, 0.01), (by_modules(positions, q, k, wq, wk, cache), 0.5)):
         for a, b in zip(ours, ref):
             assert_within_bf16_rounding(a, b)
-            assert (a != b).float().mean() < 0.01
+            assert (a != b).float().mean() < max_differing
     exact = qkv_case(256, 16, 8, 128, torch.float32, device="cuda", exact=True, seed=8, max_position=40960)
     for a, b in zip(qk_norm_rope(*exact[:5], EPS, EPS, exact[5]), by_modules(*exact)):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)  # FMA contraction may move a last bit

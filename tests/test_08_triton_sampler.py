@@ -136,3 +136,15 @@ def test_a_uniform_that_rounds_to_one_cannot_pick_a_masked_token():
     reference = Sampler()(logits, torch.ones(1), seeded_rows=torch.tensor([0]), **kw)
     fast = TritonSampler()(logits, torch.ones(1), **kw)
     assert reference.item() in top5 and fast.item() == reference.item()
+
+
+def test_both_samplers_keep_every_token_that_ties_with_the_last_kept():
+    logits = torch.zeros(1, 5000, dtype=torch.bfloat16)
+    logits[0, :3], logits[0, 10:14] = 2.0, 1.0  # three best, then a four-way tie across the top-5 boundary
+    kw = dict(top_ks=torch.tensor([5]), top_k_max=5)
+    kept = Sampler.apply_top_k_top_p(logits.float(), kw["top_ks"], None) > float("-inf")
+    assert kept[0].nonzero().flatten().tolist() == [0, 1, 2, 10, 11, 12, 13]
+    for position in range(40):
+        seeds, positions = torch.tensor([3]), torch.tensor([position])
+        reference = Sampler()(logits, torch.ones(1), seeds=seeds, positions=positions, seeded_rows=torch.tensor([0]), **kw)
+        assert TritonSampler()(logits, torch.ones(1), seeds=seeds, positions=positions, **kw).item() == reference.item()

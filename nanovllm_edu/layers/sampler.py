@@ -77,10 +77,11 @@ class Sampler(nn.Module):
 
     @staticmethod
     def apply_top_k_top_p(logits: torch.Tensor, top_ks: torch.Tensor | None, top_ps: torch.Tensor | None) -> torch.Tensor:
-        """Mask (to -inf) tokens outside each row's top-k and outside its top-p nucleus."""
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        sorted_logits = sorted_logits.masked_fill(nucleus_drop(sorted_logits, top_ks, top_ps), float("-inf"))
-        return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+        """Mask (to -inf) tokens below the smallest logit each row's top-k and top-p nucleus keep. Tokens that
+        tie with it are all kept, as in vLLM (which of them a sort would put first is arbitrary)."""
+        sorted_logits = logits.sort(dim=-1, descending=True).values
+        kept = sorted_logits.masked_fill(nucleus_drop(sorted_logits, top_ks, top_ps), float("inf"))
+        return logits.masked_fill(logits < kept.amin(dim=-1, keepdim=True), float("-inf"))
 
 # %% ../../notebooks/08_engine.ipynb #pen-code
 def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_seen: torch.Tensor, presence: torch.Tensor,
