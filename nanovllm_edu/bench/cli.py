@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['ENGINE_ARGS', 'OneLineErrors', 'positive_int', 'check_lengths', 'add_model_flags', 'add_length_flags',
-           'add_engine_flags', 'parse_args', 'engine_args_from', 'span', 'report', 'check_setup', 'model_name',
-           'benchmark_model', 'main']
+           'add_engine_flags', 'parse_with_lengths', 'parse_args', 'engine_args_from', 'span', 'report', 'check_setup',
+           'model_name', 'benchmark_model', 'main']
 
 # %% ../../notebooks/13_benchmark.ipynb #cbf324d5
 """`python -m nanovllm_edu.bench`: the command line of the benchmark (exported from
@@ -97,6 +97,16 @@ def add_engine_flags(ap: argparse.ArgumentParser, backend_flag: str = "--backend
         ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
 
 
+def parse_with_lengths(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse `argv`, then settle the length flags (`check_lengths`): a bad pair is the parser's one-line error."""
+    args = ap.parse_args(argv)
+    try:
+        check_lengths(args)
+    except ValueError as err:
+        ap.error(str(err))
+    return args
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = OneLineErrors(prog="python -m nanovllm_edu.bench",
                        description="Throughput of nanovllm_edu on nano-vllm's benchmark workload.")
@@ -114,12 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="requests per transformers batch (default: all)")
     ap.add_argument("--label", default=None, help="a name for this run in the notebook's figures")
     ap.add_argument("--json", default=None, metavar="PATH", help="write the result record here")
-    args = ap.parse_args(argv)
-    try:
-        check_lengths(args)
-    except ValueError as err:
-        ap.error(str(err))
-    return args
+    return parse_with_lengths(ap, argv)
 
 # %% ../../notebooks/13_benchmark.ipynb #125e164d
 def engine_args_from(args: argparse.Namespace) -> dict:

@@ -360,7 +360,7 @@ def plot_online(record: dict) -> Figure:
 import argparse
 
 from .cli import (OneLineErrors, add_engine_flags, add_length_flags, add_model_flags,
-                                    benchmark_model, check_lengths, engine_args_from, positive_int)
+                                    benchmark_model, engine_args_from, parse_with_lengths, positive_int)
 from .workload import make_workload
 
 # On an H200 the seed workload runs offline at ~39 requests/s (256 in ~6.5 s): 10 and 20 are light load, 40 is
@@ -404,12 +404,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", default=None, metavar="PATH", help="write the record here")
     ap.add_argument("--plot", default=None, metavar="PATH", help="draw latency and throughput against rate here")
     ap.add_argument("--stall-plot", default=None, metavar="PATH", help="run the stall timeline and draw it here")
-    args = ap.parse_args(argv)
-    try:
-        check_lengths(args)
-    except ValueError as err:
-        ap.error(str(err))
-    return args
+    return parse_with_lengths(ap, argv)
 
 # %% ../../notebooks/14_serving.ipynb #p3-cli-main-code
 def run(model: str, args: argparse.Namespace, workload) -> dict:
