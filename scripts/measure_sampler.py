@@ -16,22 +16,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from nanovllm_edu.layers.sampler import Sampler, TritonSampler
 
+from measure_cuda_graphs import median_ms  # this folder is on sys.path when a script runs
+
 SEED_WORKLOAD_T = 0.6  # the benchmark's temperature (notebook 13)
-
-
-def median_ms(fn, repeats: int = 50, warmup: int = 10) -> float:
-    """Median time of fn() in milliseconds, CUDA events around each call."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def kernels_per_call(fn, calls: int = 5) -> float:
@@ -77,7 +64,7 @@ def main() -> None:
     for name, kw in cases(args.batch, args.vocab).items():
         row = {"case": name}
         for label, sampler in (("torch", reference), ("one_pass", one_pass)):
-            row[f"{label}_ms"] = median_ms(lambda: sampler(logits, **kw))
+            row[f"{label}_ms"] = median_ms(lambda: sampler(logits, **kw), repeats=50, warmup=10)
             row[f"{label}_kernels"] = kernels_per_call(lambda: sampler(logits, **kw))
         if "seeds" in kw:
             row["seeded_rows_differing"] = int((reference(logits, **kw) != one_pass(logits, **kw)).sum())
