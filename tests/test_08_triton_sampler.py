@@ -21,15 +21,13 @@ def mixed_batch(batch: int, vocab: int, device: str = "cpu", dtype=torch.bfloat1
     return logits, temps, seeds, positions
 
 
-TOP = {"plain": {},
+TOP = {"plain": lambda ks, ps: {},
        "top_k": lambda ks, ps: dict(top_ks=ks, top_k_max=int(ks.max())),
        "top_k_top_p": lambda ks, ps: dict(top_ks=ks, top_ps=ps, top_k_max=int(ks.max())),
        "top_p": lambda ks, ps: dict(top_ps=ps)}
 
 
 def asks(name: str, batch: int, device: str) -> dict:
-    if name == "plain":
-        return {}
     ks = torch.tensor([[20, 5, 1, 3, 20, 40, 20, 2][i % 8] for i in range(batch)], device=device)
     ps = torch.tensor([[0.95, 0.9, 1.0, 0.5, 0.95, 0.8, 1.0, 0.95][i % 8] for i in range(batch)], device=device)
     return TOP[name](ks, ps)

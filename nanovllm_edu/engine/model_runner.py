@@ -198,15 +198,15 @@ def prepare_sample(self: ModelRunner, seqs: list[Sequence]) -> dict:
     out = {"temperatures": tensor([p.temperature for p in params], torch.float32),
            "all_greedy": all(p.temperature == 0 for p in params)}
     if any(p.top_k != -1 for p in params):
-        out["top_ks"] = tensor([p.top_k if p.top_k != -1 else vocab for p in params], torch.int64)
-        out["top_k_max"] = max(p.top_k if p.top_k != -1 else vocab for p in params)
+        top_ks = [p.top_k if p.top_k != -1 else vocab for p in params]
+        out["top_ks"], out["top_k_max"] = tensor(top_ks, torch.int64), max(top_ks)
     if any(p.top_p < 1.0 for p in params):
         out["top_ps"] = tensor([p.top_p for p in params], torch.float32)
-    seeded = [i for i, p in enumerate(params) if p.seed is not None and p.temperature > 0]
-    if seeded:
-        out["seeds"] = tensor([p.seed if p.seed is not None and p.temperature > 0 else -1 for p in params], torch.int64)
+    seeds = [p.seed if p.seed is not None and p.temperature > 0 else -1 for p in params]  # -1: no seed (or greedy)
+    if max(seeds) >= 0:  # one pass over the batch when no row is seeded, as for the other fields
+        out["seeds"] = tensor(seeds, torch.int64)
         out["positions"] = tensor([seq.num_tokens for seq in seqs], torch.int64)
-        out["seeded_rows"] = tensor(seeded, torch.int64)
+        out["seeded_rows"] = tensor([i for i, seed in enumerate(seeds) if seed >= 0], torch.int64)
     if not any(p.penalised or p.min_p or p.logprobs is not None for p in params):
         return out  # the common case, in one pass: none of what follows is asked for
     penalised = [i for i, p in enumerate(params) if p.penalised]
