@@ -23,20 +23,28 @@ and the bf16 peak come from nanovllm_edu.bench.hardware (measured first) unless 
 
 Attention table: nanovllm_edu.kernels.paged_attention.paged_decode with Qwen3-0.6B's per-layer heads (16
 query, 8 KV, head_dim 128) and the engine's default KV block size (256), blocks drawn from a shuffled pool,
-for batch 1 .. 256 x context 100 .. 2048 (every row of a batch the same length), plus one "mix" row: batch 256
-with lengths drawn uniformly from 100 .. 2048 (seed 0), like the seed benchmark's decode steps. Timed with
+for batch 1 .. 256 x context 100 .. 2048 (every row of a batch the same length), plus "mix" rows: batch 256
+with lengths drawn uniformly from 100 .. 2048 (seed 0), like the seed benchmark's decode steps, longest first
+as the scheduler hands them over (notebook 07) and once in the order drawn; then the split sweep. Timed with
 do_bench (`us`) and, without the Python that launches it, as the replay of a CUDA graph of the same call
 under do_bench (`graph_us`). KV bytes = sum(context) * kv_heads * head_dim * 2 (k and v) * 2 bytes; GB/s and
 the fraction of the copy bandwidth come from `us`; `over_empty_kernel` = us / the empty kernel's do_bench time
 (paged_decode launches two kernels when num_splits > 1).
 
+Decode steps (the record's "steps" and "steps_summary"): every 32nd decode step of the seed benchmark (row i
+holds prompt_i + step + 1 tokens until its output is done), its batch padded to the CUDA graph's size with
+empty rows and its block table as wide as max_model_len (4,096 tokens), as the engine replays it: the rows in
+arrival order and longest first, with the split count paged_decode picks and with 1, 2 and 4 forced
+(graph_us only). The summary adds each variant up over the whole benchmark (x 32 steps x the model's layers)
+next to the floor (the same K/V bytes at the copy bandwidth).
+
 Empty kernel: an empty Triton kernel with one program, timed both ways (do_bench; a graph of 128 launches).
 
-On an H200 the whole run should take about 45 s (an estimate, not yet measured: imports ~10 s, rates ~2 s,
-GEMMs ~15 s for 110 do_bench calls of ~30 ms and 110 graph captures, attention ~15 s, most of it compiling the
-kernel's ~10 variants). Progress lines go to stdout as each part ends.
+On an H200 the whole run should take about 90 s (an estimate: imports ~10 s, rates ~2 s, GEMMs ~15 s for 110
+do_bench calls of ~30 ms and 110 graph captures, attention ~15 s, most of it compiling the kernel's ~10
+variants, decode steps ~45 s for 32 steps x 5 variants). Progress lines go to stdout as each part ends.
 
---smoke takes tiny sizes: M in (1, 4), batch in (1, 2), context in (100, 300). On a CPU it runs the kernels in
+--smoke takes tiny sizes: M in (1, 4), batch in (1, 2), context in (100, 300), a 3-request workload. On a CPU it runs the kernels in
 Triton's interpreter and times one call by the wall clock (no graphs: graph_us is null), so it checks the code
 path, not speed; on a GPU it is a quick run of the real timers.
 """
@@ -63,7 +71,9 @@ import triton.language as tl
 import triton.testing
 
 from nanovllm_edu.bench.hardware import ModelShape, measure_bf16_flops, measure_copy_bandwidth
+from nanovllm_edu.bench.workload import make_workload
 from nanovllm_edu.config import Config
+from nanovllm_edu.engine.cuda_graph import capture_sizes
 from nanovllm_edu.kernels.paged_attention import decode_num_splits, paged_decode
 
 MODEL_CONFIG = Path(nanovllm_edu.__file__).parent / "assets" / "qwen3-0.6b" / "config.json"
@@ -87,11 +97,15 @@ class Sizes:
     mix_batch: int
     mix_context_range: tuple[int, int]
     split_sweep_batches: tuple[int, ...]  # mixed batches of these sizes, split count forced to 1, 2, 4, 8
+    steps_workload: tuple[int, int, int]  # the decode steps' workload: requests, min and max prompt/output length
+    step_stride: int  # every step_stride-th decode step is timed
+    max_model_len: int  # the CUDA graphs' block tables hold this many tokens
 
 
 FULL = Sizes((1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256), (1, 4, 16, 64, 128, 256),
-             (100, 256, 512, 1024, 1536, 2048), 256, (100, 2048), (64, 128, 256))
-SMOKE = Sizes((1, 4), (1, 2), (100, 300), 2, (100, 300), (2,))
+             (100, 256, 512, 1024, 1536, 2048), 256, (100, 2048), (64, 128, 256), (256, 100, 1024), 32, 4096)
+SMOKE = Sizes((1, 4), (1, 2), (100, 300), 2, (100, 300), (2,), (3, 8, 40), 16, 64)
+STEP_SPLITS = (None, 1, 2, 4)  # the split count paged_decode picks from shapes, then forced counts
 
 
 @dataclass(frozen=True)
@@ -283,16 +297,18 @@ def gemm_rows(shape: ModelShape, ms: tuple[int, ...], timer: Timer, rates: Rates
 
 def attention_cases(sizes: Sizes) -> list[tuple[str, list[int], int | None]]:
     """(kind, context length of each row, forced split count or None): every batch size x every length, the
-    mixed batch, then mixed batches of several sizes with the split count forced to 1, 2, 4 and 8 (does
-    splitting long rows balance a batch of uneven rows better than the default from static shapes?)."""
+    mixed batch longest first (as the scheduler orders a decode step) and in the order drawn, then mixed
+    batches of several sizes, longest first, with the split count forced to 1, 2, 4 and 8 (how many splits
+    balance a batch of uneven rows best?)."""
     cases = [("uniform", [ctx] * batch, None) for batch in sizes.batch_sizes for ctx in sizes.context_lens]
     low, high = sizes.mix_context_range
     generator = torch.Generator().manual_seed(SEED)
-    mix = torch.randint(low, high + 1, (sizes.mix_batch,), generator=generator).tolist()
+    drawn = torch.randint(low, high + 1, (sizes.mix_batch,), generator=generator).tolist()
     sweep = [(f"{kind}, {splits} splits", lens, splits) for batch in sizes.split_sweep_batches
-             for kind, lens in (("mix", mix[:batch]), ("uniform", [sizes.context_lens[len(sizes.context_lens) // 2]] * batch))
+             for kind, lens in (("mix", sorted(drawn[:batch], reverse=True)),
+                                ("uniform", [sizes.context_lens[len(sizes.context_lens) // 2]] * batch))
              for splits in (1, 2, 4, 8)]
-    return cases + [("mix", mix, None)] + sweep
+    return cases + [("mix", sorted(drawn, reverse=True), None), ("mix, arrival order", drawn, None)] + sweep
 
 
 def kv_pool(num_blocks: int, block_size: int, shape: ModelShape,
@@ -349,6 +365,72 @@ def attention_rows(shape: ModelShape, sizes: Sizes, timer: Timer, rates: Rates, 
         if len(rows) % len(sizes.context_lens) == 0:
             print(f"attention: {len(rows)}/{len(cases)} cases done", flush=True)
     return rows
+
+
+def seed_decode_steps(sizes: Sizes) -> list[tuple[int, list[int]]]:
+    """(step, each running row's context length in arrival order) for every step_stride-th decode step of the
+    seed workload: after its prefill, row i holds prompt_i + step + 1 tokens while step < max_tokens_i - 1."""
+    num_seqs, low, high = sizes.steps_workload
+    workload = make_workload(num_seqs, high, high, min_input_len=low, min_output_len=low)
+    steps = []
+    for step in range(0, max(workload.max_tokens) - 1, sizes.step_stride):
+        steps.append((step, [prompt + step + 1 for prompt, n in zip(workload.prompt_lens, workload.max_tokens)
+                             if step < n - 1]))
+    return steps
+
+
+def decode_step_rows(shape: ModelShape, sizes: Sizes, timer: Timer, device: torch.device) -> list[dict]:
+    """paged_decode on each sampled decode step as a CUDA graph replays it: the batch padded to the captured
+    size with empty rows, block tables max_model_len wide; rows in arrival order and longest first, the split
+    count from shapes or forced (STEP_SPLITS)."""
+    block_size = Config.kvcache_block_size
+    width = math.ceil(sizes.max_model_len / block_size)
+    steps = seed_decode_steps(sizes)
+    graph_sizes = capture_sizes(sizes.steps_workload[0])
+    num_blocks = max(sum(math.ceil(n / block_size) for n in lens) for _, lens in steps)
+    k_cache, v_cache = kv_pool(num_blocks, block_size, shape, device)
+    generator = torch.Generator().manual_seed(SEED)
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+    rows = []
+    for step, lens in steps:
+        padded = next(bs for bs in graph_sizes if bs >= len(lens))
+        for order, ordered in (("arrival", lens), ("longest first", sorted(lens, reverse=True))):
+            rows_lens = ordered + [0] * (padded - len(lens))
+            blocks = torch.randperm(num_blocks, generator=generator).tolist()
+            tables = torch.full((padded, width), -1, dtype=torch.int32)
+            for b, n in enumerate(rows_lens):
+                need = math.ceil(n / block_size)
+                tables[b, :need] = torch.tensor(blocks[:need], dtype=torch.int32)
+                del blocks[:need]
+            tables, context_lens = tables.to(device), torch.tensor(rows_lens, dtype=torch.int32, device=device)
+            q = torch.randn(padded, shape.num_heads, shape.head_dim, dtype=torch.bfloat16, device=device)
+            for forced in STEP_SPLITS if order == "longest first" else (None,):
+                def decode() -> None:
+                    paged_decode(q, k_cache, v_cache, tables, context_lens, shape.head_dim ** -0.5, num_splits=forced)
+                splits = forced or (decode_num_splits(padded, shape.num_kv_heads, width * block_size, num_sms)
+                                    if num_sms else 1)
+                rows.append({"step": step, "batch": len(lens), "padded": padded, "order": order,
+                             "forced": forced is not None, "num_splits": splits,
+                             "kv_bytes": sum(lens) * shape.num_kv_heads * shape.head_dim * 2 * 2,
+                             "graph_us": timer.replayed_flushed_us(decode)})
+        print(f"decode step {step}: batch {len(lens)} done", flush=True)
+    return rows
+
+
+def steps_summary(rows: list[dict], sizes: Sizes, shape: ModelShape, rates: Rates) -> dict:
+    """Each variant's attention seconds over the whole benchmark (every sampled step stands for step_stride
+    steps, every layer runs it once), and the floor: the same K/V bytes at the copy bandwidth."""
+    scale = sizes.step_stride * shape.num_layers
+    variants = {}
+    for row in rows:
+        name = f"{row['order']}, " + (f"{row['num_splits']} splits" if row["forced"] else "splits from shapes")
+        variants.setdefault(name, []).append(row)
+    first = next(iter(variants.values()))
+    return {"seconds": {name: (sum(row["graph_us"] for row in group) * scale / 1e6
+                               if all(row["graph_us"] is not None for row in group) else None)
+                        for name, group in variants.items()},
+            "floor_seconds": sum(row["kv_bytes"] for row in first) * scale / rates.copy_bandwidth,
+            "steps": len(first), "step_stride": sizes.step_stride}
 
 
 # ---------------------------------------------------------------- records and tables
@@ -423,6 +505,8 @@ def write_tables(json_dir: Path, sizes: Sizes, given_rates: Rates | None = None)
                  "block_size": Config.kvcache_block_size, "num_heads": shape.num_heads,
                  "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
                  "rows": attention_rows(shape, sizes, timer, rates, empty["do_bench"], device)}
+    attention["steps"] = decode_step_rows(shape, sizes, timer, device)
+    attention["steps_summary"] = steps_summary(attention["steps"], sizes, shape, rates)
     (json_dir / "decode_attention.json").write_text(json.dumps(attention, indent=2) + "\n")
     return {"gemm_decode": gemm, "decode_attention": attention}
 
@@ -445,6 +529,10 @@ def main(argv: list[str] | None = None) -> None:
     records = write_tables(args.json_dir, SMOKE if args.smoke else FULL, given)
     for record in records.values():
         print("\n" + markdown_table(record))
+    summary = records["decode_attention"]["steps_summary"]
+    print(f"\nthe seed benchmark's decode attention (floor {summary['floor_seconds']:.2f} s):")
+    for name, seconds in summary["seconds"].items():
+        print(f"  {name}: " + ("-" if seconds is None else f"{seconds:.2f} s"))
     print(f"\nwrote {', '.join(f'{name}.json' for name in records)} to {args.json_dir} "
           f"in {time.perf_counter() - start:.0f} s")
 

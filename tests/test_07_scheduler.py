@@ -60,6 +60,8 @@ def check_step(sched, seqs, is_prefill):
         assert mid == [] or mid[0] is seqs[-1], "only the last sequence of a step may be cut"
     else:
         assert all(s.num_scheduled_tokens == 1 and s.num_computed_tokens == s.num_tokens - 1 for s in seqs)
+        lens = [s.num_tokens for s in seqs]
+        assert lens == sorted(lens, reverse=True), "decode rows must come longest context first"
     for s in seqs:  # the blocks cover every token the step computes
         assert len(s.block_table) * s.block_size >= s.num_computed_tokens + s.num_scheduled_tokens
 
@@ -242,6 +244,19 @@ def test_decode_limited_by_token_budget():
         sched.add(s)
     run(sched, on_step=lambda batch, is_prefill: check_step(sched, batch, is_prefill))
     assert all(s.num_completion_tokens == 8 for s in seqs)
+
+
+def test_decode_rows_longest_first_running_order_kept():
+    """A decode step lists its rows longest context first (notebook 05's kernel starts them in that order);
+    `running` keeps arrival order, so preemption still picks the newest; equal lengths keep that order."""
+    sched = make(max_num_batched_tokens=256)
+    short, long, mid, twin = seq(10), seq(60, start=100), seq(30, start=200), seq(30, start=300)
+    for s in (short, long, mid, twin):
+        sched.add(s)
+    step(sched)  # the prefill
+    decode, is_prefill = step(sched)
+    assert not is_prefill and decode == [long, mid, twin, short]
+    assert list(sched.running) == [short, long, mid, twin]
 
 
 def test_with_real_config():

@@ -108,7 +108,8 @@ def _schedule_decode(self: Scheduler) -> list[Sequence]:
             seq.num_scheduled_tokens = 1
             scheduled.append(seq)
     self.running.extendleft(reversed(scheduled))  # back in front, in their old order
-    return scheduled
+    # the step's rows go longest context first: the attention kernel then starts the longest rows' work first
+    return sorted(scheduled, key=lambda seq: seq.num_tokens, reverse=True)
 
 # %% ../../notebooks/07_scheduler.ipynb #c4f8e381
 @patch

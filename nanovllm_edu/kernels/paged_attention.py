@@ -55,8 +55,8 @@ def _decode_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(0)  # KV heads vary fastest: the GPU starts programs in this order, row by row
+    b = tl.program_id(1)
     split = tl.program_id(2)
     # This program's partition: an equal, BLOCK_N-aligned share of this sequence's tiles. Computed here
     # from the context length (a tensor value) so the host never needs to read it.
@@ -126,7 +126,7 @@ def _decode_reduce_kernel(m_part_ptr, l_part_ptr, acc_part_ptr, out_ptr, num_spl
 # %% ../../notebooks/05_triton_attention.ipynb #311b24a9
 MAX_SPLITS = 32
 MIN_SPLIT_TOKENS = 64
-PROGRAMS_PER_SM = 32  # chosen from the split sweep of figures/decode_attention_h200.json
+PROGRAMS_PER_SM = 16  # chosen from the decode steps of figures/decode_attention_h200.json
 
 
 def decode_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int = 132) -> int:
@@ -176,7 +176,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tens
         acc_part = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
     else:
         m_part = l_part = acc_part = out  # unused
-    _decode_kernel[(batch, num_kv_heads, num_splits)](
+    _decode_kernel[(num_kv_heads, batch, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, m_part, l_part, acc_part,
         scale * LOG2E, num_splits,
         q.stride(0), q.stride(1),
