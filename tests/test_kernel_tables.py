@@ -3,6 +3,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("kernel_tables", ROOT / "scripts" / "kernel_tables.py")
 kernel_tables = importlib.util.module_from_spec(spec)
@@ -12,6 +14,13 @@ TINY = kernel_tables.Sizes(gemm_ms=(1,), batch_sizes=(1,), context_lens=(32,), m
                            mix_context_range=(16, 48), split_sweep_batches=(2,), steps_workload=(3, 8, 24),
                            step_stride=8, max_model_len=64)
 RATES = kernel_tables.Rates(copy_bandwidth=4e12, peak_flops=800e12, source="given")
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """The tiny tables, measured once for the module: (the folder they were written to, the records)."""
+    folder = tmp_path_factory.mktemp("tables")
+    return folder, kernel_tables.write_tables(folder, TINY, RATES)
 
 
 def test_qwen3_decode_gemm_shapes():
@@ -28,10 +37,10 @@ def test_gemm_floor_is_memory_bound_at_small_m_and_compute_bound_at_large():
     assert kernel_tables.gemm_floor(65536, 4096, 1024, RATES)["bound"] == "compute"
 
 
-def test_tables_are_written_and_rendered(tmp_path):
-    records = kernel_tables.write_tables(tmp_path, TINY, RATES)
-    gemm = json.loads((tmp_path / "gemm_decode.json").read_text())
-    attention = json.loads((tmp_path / "decode_attention.json").read_text())
+def test_tables_are_written_and_rendered(written):
+    folder, records = written
+    gemm = json.loads((folder / "gemm_decode.json").read_text())
+    attention = json.loads((folder / "decode_attention.json").read_text())
     assert gemm == records["gemm_decode"] and attention == records["decode_attention"]
     for record in (gemm, attention):
         assert record["copy_bandwidth_GBps"] == 4000 and record["peak_bf16_TFLOPs"] == 800
@@ -51,14 +60,14 @@ def test_tables_are_written_and_rendered(tmp_path):
     assert kernel_tables.markdown_table(gemm).count("\n| lm_head | 1 | 151936 | 1024 |") == 1
 
 
-def test_decode_steps_follow_the_seed_workload(tmp_path):
+def test_decode_steps_follow_the_seed_workload(written):
     """Every 8th decode step of a 3-request workload: its rows, the padded batch, both orders, the summary."""
     steps = kernel_tables.seed_decode_steps(TINY)
     workload = kernel_tables.make_workload(3, 24, 24, min_input_len=8, min_output_len=8)
     assert [step for step, _ in steps] == list(range(0, max(workload.max_tokens) - 1, 8))
     for step, lens in steps:
         assert lens == [p + step + 1 for p, n in zip(workload.prompt_lens, workload.max_tokens) if step < n - 1]
-    attention = kernel_tables.write_tables(tmp_path, TINY, RATES)["decode_attention"]
+    attention = written[1]["decode_attention"]
     rows = attention["steps"]
     assert [(row["order"], row["forced"]) for row in rows[:5]] == [
         ("arrival", False), ("longest first", False), ("longest first", True), ("longest first", True),
