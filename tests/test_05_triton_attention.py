@@ -162,6 +162,15 @@ def test_backend_matches_torch_backend():
                                TorchBackend().decode(q1, k_cache, v_cache, dctx, 0.2), atol=1e-4, rtol=0)
 
 
+def test_decode_refuses_more_rows_than_the_grid_holds():
+    """Rows are the grid's second axis (CUDA allows 65,535 there): refused before any launch."""
+    q = torch.zeros(65536, 2, 16)
+    k_cache = torch.zeros(1, 16, 1, 16)
+    with pytest.raises(AssertionError, match="65,535 sequences"):
+        paged_decode(q, k_cache, k_cache, torch.zeros(65536, 1, dtype=torch.int32),
+                     torch.ones(65536, dtype=torch.int32), 0.25)
+
+
 def test_decode_num_splits_uses_shapes_sensibly():
     assert decode_num_splits(512, 8, 4096) == 1  # the biggest batches fill the GPU unsplit
     assert decode_num_splits(256, 8, 4096) == 1  # the benchmark's batch, longest rows first: one split

@@ -159,6 +159,7 @@ def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tens
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     _check_attention_args(q, k_cache, num_kv_heads)
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous"
+    assert batch <= 65535, f"at most 65,535 sequences per call (the grid's second axis), got {batch}"
     group = num_heads // num_kv_heads
     out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if batch == 0:
