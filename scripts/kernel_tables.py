@@ -49,6 +49,8 @@ Triton's interpreter and times one call by the wall clock (no graphs: graph_us i
 path, not speed; on a GPU it is a quick run of the real timers.
 """
 import argparse
+import functools
+import itertools
 import json
 import math
 import statistics
@@ -319,11 +321,32 @@ def kv_pool(num_blocks: int, block_size: int, shape: ModelShape,
             torch.randn(dims, dtype=torch.bfloat16, device=device))
 
 
-def shuffled_block_tables(batch: int, width: int, num_blocks: int, generator: torch.Generator,
-                          device: torch.device) -> torch.Tensor:
-    """int32 [batch, width] of distinct blocks drawn at random from the pool (so not contiguous)."""
-    blocks = torch.randperm(num_blocks, generator=generator)[:batch * width]
-    return blocks.view(batch, width).to(torch.int32).to(device)
+def shuffled_block_tables(lens: list[int], width: int, block_size: int, num_blocks: int,
+                          generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """int32 [len(lens), width]: row b holds the ceil(lens[b] / block_size) blocks its context needs, distinct
+    and drawn at random from the pool (so not contiguous), then -1 as the engine pads a table."""
+    need = [math.ceil(n / block_size) for n in lens]
+    blocks = torch.randperm(num_blocks, generator=generator)[:sum(need)].to(torch.int32)
+    tables = torch.full((len(lens), width), -1, dtype=torch.int32)
+    for b, (start, n) in enumerate(zip(itertools.accumulate(need, initial=0), need)):
+        tables[b, :n] = blocks[start:start + n]
+    return tables.to(device)
+
+
+def layer_kv_bytes(lens: list[int], shape: ModelShape) -> int:
+    """Bytes of K and V one layer reads for rows holding `lens` tokens."""
+    return sum(lens) * shape.kv_bytes_per_token // shape.num_layers
+
+
+def split_count(forced: int | None, batch: int, max_context: int, shape: ModelShape, device: torch.device) -> int:
+    """The split count paged_decode uses: the forced one, or the one it picks on a GPU from static shapes (the
+    interpreter always uses one)."""
+    if forced:
+        return forced
+    if device.type != "cuda":
+        return 1
+    return decode_num_splits(batch, shape.num_kv_heads, max_context,
+                             torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def attention_row(kind: str, lens: list[int], forced_splits: int | None, caches: tuple[torch.Tensor, torch.Tensor],
@@ -332,7 +355,7 @@ def attention_row(kind: str, lens: list[int], forced_splits: int | None, caches:
     k_cache, v_cache = caches
     device, block_size = k_cache.device, k_cache.shape[1]
     batch, width = len(lens), math.ceil(max(lens) / block_size)
-    tables = shuffled_block_tables(batch, width, k_cache.shape[0], generator, device)
+    tables = shuffled_block_tables(lens, width, block_size, k_cache.shape[0], generator, device)
     context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     q = torch.randn(batch, shape.num_heads, shape.head_dim, dtype=torch.bfloat16, device=device)
     scale = shape.head_dim ** -0.5
@@ -340,13 +363,10 @@ def attention_row(kind: str, lens: list[int], forced_splits: int | None, caches:
     def decode() -> None:
         paged_decode(q, k_cache, v_cache, tables, context_lens, scale, num_splits=forced_splits)
     us = timer.flushed_us(decode)
-    kv_bytes = sum(lens) * shape.num_kv_heads * shape.head_dim * 2 * 2
-    # the split count paged_decode picks on a GPU (from static shapes); the interpreter always uses one
-    splits = forced_splits or (decode_num_splits(batch, shape.num_kv_heads, width * block_size,
-                                                 torch.cuda.get_device_properties(device).multi_processor_count)
-                               if device.type == "cuda" else 1)
+    kv_bytes = layer_kv_bytes(lens, shape)
     return {"kind": kind, "batch": batch, "context_len": round(sum(lens) / batch), "context_min": min(lens),
-            "context_max": max(lens), "num_splits": splits, "kv_bytes": kv_bytes, "us": us,
+            "context_max": max(lens), "num_splits": split_count(forced_splits, batch, width * block_size, shape, device),
+            "kv_bytes": kv_bytes, "us": us,
             "graph_us": timer.replayed_flushed_us(decode), "GBps": kv_bytes / us / 1e3,
             "copy_fraction": kv_bytes / (us / 1e6) / rates.copy_bandwidth, "over_empty_kernel": us / empty_us}
 
@@ -390,29 +410,21 @@ def decode_step_rows(shape: ModelShape, sizes: Sizes, timer: Timer, device: torc
     num_blocks = max(sum(math.ceil(n / block_size) for n in lens) for _, lens in steps)
     k_cache, v_cache = kv_pool(num_blocks, block_size, shape, device)
     generator = torch.Generator().manual_seed(SEED)
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
     rows = []
     for step, lens in steps:
         padded = next(bs for bs in graph_sizes if bs >= len(lens))
         for order, ordered in (("arrival", lens), ("longest first", sorted(lens, reverse=True))):
-            rows_lens = ordered + [0] * (padded - len(lens))
-            blocks = torch.randperm(num_blocks, generator=generator).tolist()
-            tables = torch.full((padded, width), -1, dtype=torch.int32)
-            for b, n in enumerate(rows_lens):
-                need = math.ceil(n / block_size)
-                tables[b, :need] = torch.tensor(blocks[:need], dtype=torch.int32)
-                del blocks[:need]
-            tables, context_lens = tables.to(device), torch.tensor(rows_lens, dtype=torch.int32, device=device)
+            rows_lens = ordered + [0] * (padded - len(lens))  # the graph's padding rows: empty
+            tables = shuffled_block_tables(rows_lens, width, block_size, num_blocks, generator, device)
+            context_lens = torch.tensor(rows_lens, dtype=torch.int32, device=device)
             q = torch.randn(padded, shape.num_heads, shape.head_dim, dtype=torch.bfloat16, device=device)
             for forced in STEP_SPLITS if order == "longest first" else (None,):
-                def decode() -> None:
-                    paged_decode(q, k_cache, v_cache, tables, context_lens, shape.head_dim ** -0.5, num_splits=forced)
-                splits = forced or (decode_num_splits(padded, shape.num_kv_heads, width * block_size, num_sms)
-                                    if num_sms else 1)
+                decode = functools.partial(paged_decode, q, k_cache, v_cache, tables, context_lens,
+                                           shape.head_dim ** -0.5, num_splits=forced)
                 rows.append({"step": step, "batch": len(lens), "padded": padded, "order": order,
-                             "forced": forced is not None, "num_splits": splits,
-                             "kv_bytes": sum(lens) * shape.num_kv_heads * shape.head_dim * 2 * 2,
-                             "graph_us": timer.replayed_flushed_us(decode)})
+                             "forced": forced is not None,
+                             "num_splits": split_count(forced, padded, width * block_size, shape, device),
+                             "kv_bytes": layer_kv_bytes(lens, shape), "graph_us": timer.replayed_flushed_us(decode)})
         print(f"decode step {step}: batch {len(lens)} done", flush=True)
     return rows
 
