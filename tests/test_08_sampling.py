@@ -141,9 +141,10 @@ def test_stop_token_ids_and_both_eos_paths(llm):
 def test_result_fields(llm):
     out = llm.generate(["Return the"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
     assert set(out) == {"text", "token_ids", "finish_reason", "stop_reason", "num_cached_tokens", "prompt_token_ids",
-                        "logprobs", "prompt_logprobs", "cumulative_logprob", "outputs", "metrics"}
+                        "logprobs", "prompt_logprobs", "prompt_logprob_ranks", "cumulative_logprob", "outputs",
+                        "metrics"}
     assert out["prompt_token_ids"] == llm.tokenizer.encode("Return the") and out["logprobs"] is None
-    assert out["cumulative_logprob"] is None and out["prompt_logprobs"] is None
+    assert out["cumulative_logprob"] is None and out["prompt_logprobs"] is None and out["prompt_logprob_ranks"] is None
     assert out["outputs"] == [{k: out[k] for k in ("text", "token_ids", "finish_reason", "stop_reason", "logprobs",
                                                   "cumulative_logprob")}]
 
@@ -251,8 +252,10 @@ def test_n_completions_survive_preemption():
 
 
 def check_prompt_logprobs(out, prompt: list[int], hf, k: int) -> None:
-    """Position 0 is None; every other holds the actual token and the top k of transformers' log_softmax."""
+    """Position 0 is None; every other holds the actual token and the top k of transformers' log_softmax, and
+    the actual token's rank in it (1 + how many tokens are more likely; no near-ties in these rows)."""
     assert out["prompt_logprobs"][0] is None and len(out["prompt_logprobs"]) == len(prompt)
+    assert out["prompt_logprob_ranks"][0] is None and len(out["prompt_logprob_ranks"]) == len(prompt)
     with torch.no_grad():
         reference = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)
     for position in range(1, len(prompt)):
@@ -260,6 +263,7 @@ def check_prompt_logprobs(out, prompt: list[int], hf, k: int) -> None:
         assert set(entry) == set(row.topk(k).indices.tolist()) | {prompt[position]}
         for token, lp in entry.items():
             assert abs(lp - row[token].item()) < 2e-3
+        assert out["prompt_logprob_ranks"][position] == 1 + (row > row[prompt[position]]).sum().item()
 
 
 @pytest.mark.parametrize("budget", [None, 7], ids=["one-chunk", "chunked"])

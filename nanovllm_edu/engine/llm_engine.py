@@ -130,6 +130,7 @@ class CompletionState:
     children: list = field(default_factory=list)  # with n > 1: the other completions' sequences
     waiting_forks: list = field(default_factory=list)  # those of them still waiting for the prompt's prefill
     prompt_logprobs: list[dict[int, float] | None] | None = None  # one per prompt position (position 0: None)
+    prompt_logprob_ranks: list[int | None] | None = None  # each prompt token's rank (1: the most likely)
     watches_stops: bool = False  # whether a token can stop it where the scheduler would not (checked every step)
 
     @classmethod
@@ -137,6 +138,7 @@ class CompletionState:
         logprobs = params.logprobs is not None
         return cls(params, StopStrings(tokenizer, params.stop) if params.stop else None, [] if logprobs else None,
                    0.0 if logprobs else None, prompt_logprobs=None if params.prompt_logprobs is None else [None],
+                   prompt_logprob_ranks=None if params.prompt_logprobs is None else [None],
                    watches_stops=bool(params.stop or params.stop_token_ids))
 
     def add_logprobs(self, top: list[tuple[int, float]], token: int, logprob: float) -> None:
@@ -144,10 +146,13 @@ class CompletionState:
         self.logprobs.append({**dict(top[:self.params.logprobs]), token: logprob})
         self.cumulative_logprob += logprob
 
-    def add_prompt_logprobs(self, position: int, top: list[tuple[int, float]], token: int, logprob: float) -> None:
-        """Keep a prompt position's logprobs, once (a preempted prompt is scored again when recomputed)."""
+    def add_prompt_logprobs(self, position: int, top: list[tuple[int, float]], token: int, logprob: float,
+                            rank: int) -> None:
+        """Keep a prompt position's logprobs and its token's rank, once (a preempted prompt is scored again
+        when recomputed)."""
         if position == len(self.prompt_logprobs):
             self.prompt_logprobs.append({**dict(top[:self.params.prompt_logprobs]), token: logprob})
+            self.prompt_logprob_ranks.append(rank)
 
     def stop_for(self, token: int) -> int | str | None:
         """The stop `token` makes, if any: the id itself (one of `stop_token_ids`), or the string it completes."""
@@ -333,9 +338,9 @@ def record_outputs(self: LLMEngine, output: StepOutput, pending: list[tuple[Sequ
         if seq.num_prompt_tokens <= index < seq.num_tokens:  # a new token (not a prompt chunk's, not void)
             seq.metrics.token(index, now)
     if output.prompt_logprobs is not None:
-        (scored, (logprob, top_ids, top_logprobs)) = output.prompt_logprobs
-        for (seq, position), lp, ids, lps in zip(scored, logprob.tolist(), top_ids.tolist(), top_logprobs.tolist()):
-            seq.completion.add_prompt_logprobs(position, list(zip(ids, lps)), seq.token_ids[position], lp)
+        scored, columns = output.prompt_logprobs  # logprob, top ids, top logprobs, rank
+        for (seq, position), lp, ids, lps, rank in zip(scored, *(t.tolist() for t in columns)):
+            seq.completion.add_prompt_logprobs(position, list(zip(ids, lps)), seq.token_ids[position], lp, rank)
     if forked or output.logprobs is not None or any(seq.completion.watches_stops for seq in output.seqs):
         logprobs = output.logprobs_by_row()
         for row, (seq, index) in enumerate(rows):
@@ -488,7 +493,8 @@ def result(self: LLMEngine, seq: Sequence) -> dict:
     seqs = [seq, *seq.completion.children]
     outputs = [self.completion_output(s) for s in seqs]
     return outputs[0] | {"num_cached_tokens": seq.num_cached_tokens, "prompt_token_ids": seq.prompt_token_ids,
-                         "prompt_logprobs": seq.completion.prompt_logprobs, "outputs": outputs,
+                         "prompt_logprobs": seq.completion.prompt_logprobs,
+                         "prompt_logprob_ranks": seq.completion.prompt_logprob_ranks, "outputs": outputs,
                          "metrics": request_metrics(seqs)}
 
 # %% ../../notebooks/08_engine.ipynb #generate-code

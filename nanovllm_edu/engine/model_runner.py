@@ -266,7 +266,8 @@ def score_prompt(self: ModelRunner, hidden: Tensor, step: StepInputs) -> None:
     for i in range(0, rows.numel(), PROMPT_LOGPROBS_ROWS):
         logits = self.model.compute_logits(hidden[rows[i:i + PROMPT_LOGPROBS_ROWS]])  # every rank takes part
         if logits is not None:
-            parts.append(token_logprobs(logits, step.prompt_targets[i:i + PROMPT_LOGPROBS_ROWS], step.prompt_k))
+            targets = step.prompt_targets[i:i + PROMPT_LOGPROBS_ROWS]
+            parts.append(token_logprobs(logits, targets, step.prompt_k, with_ranks=True))
     self.prompt_logprobs = tuple(torch.cat(part) for part in zip(*parts)) if parts else None
 
 # %% ../../notebooks/08_engine.ipynb #702c095c

@@ -106,12 +106,16 @@ def apply_min_p(logits: torch.Tensor, temperatures: torch.Tensor, min_ps: torch.
     return logits.masked_fill(logits < threshold.unsqueeze(1), float("-inf"))
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int, with_ranks: bool = False) -> tuple:
     """The model's own distribution (float32 log_softmax of the raw logits: before temperature, penalties,
-    min_p and top-k/top-p): the logprobs of `tokens` [B], and the ids and logprobs of the k best [B, k]."""
+    min_p and top-k/top-p): the logprobs of `tokens` [B], and the ids and logprobs of the k best [B, k];
+    `with_ranks` adds each token's rank [B] (1 = the most likely; tokens as likely count as better, as vLLM)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     top = logprobs.topk(k, dim=-1)
-    return logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1), top.indices, top.values
+    picked = logprobs.gather(1, tokens.unsqueeze(1))
+    if not with_ranks:
+        return picked.squeeze(1), top.indices, top.values
+    return picked.squeeze(1), top.indices, top.values, (logprobs >= picked).sum(dim=-1)
 
 # %% ../../notebooks/08_engine.ipynb #counts-code
 def to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
