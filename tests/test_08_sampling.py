@@ -240,6 +240,17 @@ def test_n_greedy_completions_equal_greedy_and_keep_their_own_fields(llm):
         assert out["prompt_token_ids"] == ref["prompt_token_ids"]
 
 
+def test_n_completions_of_one_token(llm):
+    """max_tokens=1: async scheduling ends the parent at launch and frees its blocks before the forks start
+    (each fork then ends at its first token too, with no blocks of its own); nothing leaks."""
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=1, n=3, prompt_logprobs=1), use_tqdm=False)
+    greedy = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    for out, ref in zip(outs, greedy):
+        assert [o["token_ids"] for o in out["outputs"]] == [ref["token_ids"]] * 3
+        assert {o["finish_reason"] for o in out["outputs"]} <= {"length", "stop"}
+    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+
+
 def test_n_completions_survive_preemption():
     tight = LLM(tiny_model_path(), max_num_seqs=8, num_kvcache_blocks=5, kvcache_block_size=16)
     prompt = tight.tokenizer.encode("Return the value of the operand. " * 2)

@@ -379,7 +379,9 @@ def fork_requests(self: LLMEngine, output: StepOutput) -> list[tuple[Sequence, i
         child.block_table = parent.block_table[:full]
         for block_id in child.block_table:
             bm.blocks[block_id].ref_count += 1
-        partial = parent.num_prompt_tokens % bm.block_size != 0
+        # a parent async scheduling already ended at this token (max_tokens 1) has freed its blocks: the
+        # child ends at its first token too, and needs none
+        partial = bool(parent.block_table) and parent.num_prompt_tokens % bm.block_size != 0
         copied = partial and bm.num_free_blocks > 0
         if copied:  # the partly filled last block: a copy of its own
             child.block_table.append(bm._take_block().block_id)
