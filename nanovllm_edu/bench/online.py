@@ -287,7 +287,11 @@ def save_figure(fig: Figure, path: str | Path) -> None:
 
 
 def format_ms(stats: dict, q: str) -> str:
-    return "-" if stats[q] is None else f"{1e3 * stats[q]:.1f}"
+    """A percentile in ms: one decimal below a second, none above (at most 5 digits: no more are meaningful)."""
+    if stats[q] is None:
+        return "-"
+    ms = 1e3 * stats[q]
+    return f"{ms:.1f}" if ms < 1000 else f"{ms:.0f}"
 
 
 def report(record: dict) -> str:
