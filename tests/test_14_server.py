@@ -13,14 +13,17 @@ import sys
 import threading
 import time
 
-import httpx
-import openai
 import pytest
 
-from nanovllm_edu import SamplingParams
-from nanovllm_edu.assets import tiny_model_path
-from nanovllm_edu.engine.online import OnlineLLM
-from nanovllm_edu.serve.app import ServerThread
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from nanovllm_edu import SamplingParams  # noqa: E402
+from nanovllm_edu.assets import tiny_model_path  # noqa: E402
+from nanovllm_edu.engine.online import OnlineLLM  # noqa: E402
+from nanovllm_edu.serve.app import ServerThread  # noqa: E402
 
 MODEL = "tiny-test"
 PROMPT = "Return the"
@@ -56,6 +59,9 @@ def wait_all_blocks_free(llm: OnlineLLM, timeout: float = 10.0) -> None:
 def test_health_and_models(served, client):
     assert httpx.get(served[1].url + "/health").status_code == 200
     assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL  # GET /v1/models/{model}
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("Qwen/Qwen3-0.6B")
 
 
 def test_completion_equals_the_engine_and_counts_usage(served, client):
@@ -151,10 +157,10 @@ BAD_REQUESTS = [  # (path, raw body, the param the error names)
     ("/v1/completions", {"prompt": "a", "stop": 3}, "stop"),
     ("/v1/completions", {"prompt": "a", "stream": "yes"}, "stream"),
     ("/v1/completions", {"prompt": "a", "max_token": 5}, "max_token"),
-    ("/v1/completions", {"prompt": "a", "echo": True}, "echo"),
+    ("/v1/completions", {"prompt": "a", "echo": 1}, "echo"),
     ("/v1/completions", {"prompt": "a", "best_of": 3}, "best_of"),
     ("/v1/completions", {"prompt": "a", "logit_bias": {"1": 5}}, "logit_bias"),
-    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+    ("/v1/completions", {"prompt": ["a", [1]]}, "prompt"),
     ("/v1/completions", {"prompt": ""}, "prompt"),
     ("/v1/completions", {"prompt": [1, 99999]}, "prompt"),
     ("/v1/completions", {"prompt": "a", "max_tokens": 100000}, "max_tokens"),
@@ -277,3 +283,15 @@ def test_command_line_serves_refuses_a_taken_port_and_stops_on_sigterm(served):
         for proc in (server, clash):
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_openai_sdk_sends_a_batch_with_echo(served, client):
+    """The SDK's legacy completions with a list of prompts, echo and logprobs: one choice per prompt, each
+    starting with its prompt, the first token's logprob null."""
+    reply = client.completions.create(model=MODEL, prompt=[PROMPT, "Create a"], max_tokens=3, temperature=0,
+                                      echo=True, logprobs=1, extra_body=EXTRA)
+    choices = sorted(reply.choices, key=lambda c: c.index)
+    assert [c.index for c in choices] == [0, 1]
+    assert choices[0].text.startswith(PROMPT) and choices[1].text.startswith("Create a")
+    assert all(c.logprobs.token_logprobs[0] is None and None not in c.logprobs.token_logprobs[1:] for c in choices)
+    assert reply.usage.completion_tokens == 6

@@ -35,6 +35,8 @@ class RequestOutput:
     finish_reason: str | None = None     # set on the completion's last output
     completion: dict | None = None       # ... with the finished completion (`completion_output`)
     result: dict | None = None           # on the request's very last output: what `generate` returns for it
+    prompt_logprobs: list | None = None  # on each completion's first output, when the request asked for them:
+    prompt_logprob_ranks: list | None = None  # ... the prompt's logprobs and ranks (its result's fields)
     text: str = ""                       # the text the new tokens add (filled in on the consumer's side)
 
 
@@ -254,6 +256,9 @@ def publish_request(self: OnlineLLM, request: OnlineRequest, now: float) -> None
         logprobs = seq.completion.logprobs
         out = RequestOutput(request.request_id, i, new, logprobs[request.sent[i]:known] if logprobs is not None
                             else None, now)
+        prompt = request.seqs[0].completion  # the prompt's state: the n completions share one prefill
+        if request.sent[i] == 0 and prompt.prompt_logprobs is not None:
+            out.prompt_logprobs, out.prompt_logprob_ranks = prompt.prompt_logprobs, prompt.prompt_logprob_ranks
         request.sent[i] = known
         if finished:
             request.done[i] = True
