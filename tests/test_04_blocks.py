@@ -3,6 +3,8 @@ against plain causal attention (prefill with and without a cached prefix, decode
 import pytest
 import torch
 from attention_helpers import PagedSetup, cu, reference_attention, attn_step
+
+pytest.importorskip("hypothesis")  # the dev extra: a bare GPU machine (`pytest -m gpu`) may lack it
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule

@@ -2,6 +2,8 @@
 eviction, token verification, the last-token rule, completion sharing and a property-based model check that
 no sequence ever reads KV written for other tokens."""
 import pytest
+
+pytest.importorskip("hypothesis")  # the dev extra: a bare GPU machine (`pytest -m gpu`) may lack it
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule

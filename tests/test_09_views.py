@@ -9,7 +9,8 @@ from nanovllm_edu.course.stepper import EngineStepper
 from nanovllm_edu.course.trace import summarize
 from nanovllm_edu.engine.observer import StepObserver
 
-widgets = pytest.importorskip("ipywidgets")
+widgets = pytest.importorskip("ipywidgets")  # the notebooks extra (a GPU machine may lack it)
+pytest.importorskip("IPython")
 from nanovllm_edu.course.views import block_map_html, block_map_widget, prefix_explorer, stepper_widget
 
 PREAMBLE = ("Return the value of the attribute. Raise ValueError if the argument is not a string. "

@@ -7,6 +7,8 @@ import zlib
 from types import SimpleNamespace
 
 import pytest
+
+pytest.importorskip("hypothesis")  # the dev extra: a bare GPU machine (`pytest -m gpu`) may lack it
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

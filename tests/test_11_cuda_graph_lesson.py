@@ -1,5 +1,8 @@
 """CUDA graphs (notebook 11): the batch sizes captured and the graph each batch pads to. Both depend on
 sizes only, so they are checked on a CPU; the capture itself runs in the GPU tests and the notebook."""
+import pytest
+
+pytest.importorskip("hypothesis")  # the dev extra: a bare GPU machine (`pytest -m gpu`) may lack it
 from hypothesis import given
 from hypothesis import strategies as st
 

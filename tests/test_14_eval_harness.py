@@ -11,13 +11,13 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nanovllm_edu.assets import tiny_model_path  # noqa: E402
-from nanovllm_edu.engine.online import OnlineLLM  # noqa: E402
-from nanovllm_edu.serve.app import ServerThread  # noqa: E402
+from nanovllm_edu.assets import tiny_model_path
+from nanovllm_edu.engine.online import OnlineLLM
+from nanovllm_edu.serve.app import ServerThread
 
-from parity import hf_greedy  # noqa: E402
+from parity import hf_greedy
 
 MODEL = "tiny-qwen3"
 # (context, continuations): multiple-choice questions as lm-eval's loglikelihood requests pair them

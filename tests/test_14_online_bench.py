@@ -6,6 +6,8 @@ from itertools import pairwise
 
 import pytest
 
+pytest.importorskip("matplotlib")  # nanovllm_edu.bench.online draws its figures with it (the notebooks extra)
+
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.bench.online import (BURST, LATENCY_KEYS, arrival_times, latency_stats, main, parse_rates,
                                        plot_online, plot_stall_timeline, read_record, request_row,

@@ -20,10 +20,10 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from nanovllm_edu import SamplingParams  # noqa: E402
-from nanovllm_edu.assets import tiny_model_path  # noqa: E402
-from nanovllm_edu.engine.online import OnlineLLM  # noqa: E402
-from nanovllm_edu.serve.app import ServerThread  # noqa: E402
+from nanovllm_edu import SamplingParams
+from nanovllm_edu.assets import tiny_model_path
+from nanovllm_edu.engine.online import OnlineLLM
+from nanovllm_edu.serve.app import ServerThread
 
 MODEL = "tiny-test"
 PROMPT = "Return the"

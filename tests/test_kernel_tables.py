@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("triton")  # scripts/kernel_tables.py imports it (a Linux-only dependency)
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("kernel_tables", ROOT / "scripts" / "kernel_tables.py")
 kernel_tables = importlib.util.module_from_spec(spec)
