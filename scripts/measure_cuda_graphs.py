@@ -15,7 +15,7 @@ import torch
 
 from nanovllm_edu.bench import random_weights_checkpoint
 from nanovllm_edu.llm import LLM
-from nanovllm_edu.engine.step_inputs import StepInputs
+from nanovllm_edu.utils.step_inputs import StepInputs
 
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
@@ -38,7 +38,7 @@ def median_ms(fn, repeats: int = 30, warmup: int = 5) -> float:
 @torch.inference_mode()
 def measure(llm: LLM, context: int) -> dict:
     runner = llm.model_runner
-    graphs = runner.graphs
+    graphs = getattr(runner.forward_pass, "graphs", None)  # None: an eager forward (CPU, enforce_eager)
     assert graphs is not None, "the engine captured no CUDA graphs (enforce_eager, or a backend without capture)"
     device, block_size = runner.device, runner.block_size
     blocks_per_seq = math.ceil(context / block_size)

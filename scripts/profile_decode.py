@@ -8,9 +8,9 @@ Builds the engine (random Qwen3-0.6B weights), then a decode batch of `--batch` 
 drawn uniformly from context * [1 - spread, 1 + spread] tokens (distinct KV blocks per sequence), and runs
 what the engine's GPU runs per decode step, in three parts:
 
-    forward  hidden = runner.graphs.run(step)   (graph replay; runner.model(...) eagerly without graphs)
+    forward  hidden = runner.forward_pass.graphs.run(step)   (graph replay; runner.model(...) eagerly without graphs)
     logits   runner.model.compute_logits(hidden)
-    sample   runner.sample(logits, runner.prepare_sample(seqs), batch)   (temperature 0.6, as the benchmark)
+    sample   runner.sample(logits, runner.prepare_sample(seqs))   (temperature 0.6, as the benchmark)
 
 The same step is re-run (positions do not advance). After a warm-up it times `--timed-steps` steps with CUDA
 events (median per part; as in the engine, prepare_sample's host work comes before the forward, outside the
@@ -38,7 +38,7 @@ import nanovllm_edu
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.bench import random_weights_checkpoint
 from nanovllm_edu.engine.sequence import Sequence
-from nanovllm_edu.engine.step_inputs import StepInputs
+from nanovllm_edu.utils.step_inputs import StepInputs
 from nanovllm_edu.llm import LLM
 from nanovllm_edu.sampling_params import SamplingParams
 
@@ -109,14 +109,14 @@ def build_decode_batch(runner, context_lens: np.ndarray, vocab_size: int,
 def decode_parts(runner, step: StepInputs, seqs: list[Sequence]) -> tuple[dict[str, Callable], bool]:
     """A decode step's work as functions: prepare() -> sampling dict, forward() -> hidden, logits(hidden),
     sample(logits, sampling); and whether the forward replays a CUDA graph."""
-    graphs = runner.graphs
+    graphs = getattr(runner.forward_pass, "graphs", None)  # None: an eager forward (CPU, enforce_eager)
     use_graph = graphs is not None and graphs.padded_size(len(seqs)) is not None
 
     def forward() -> torch.Tensor:
         return graphs.run(step) if use_graph else runner.model(step.input_ids, step.positions, step)
 
     def sample(logits: torch.Tensor, sampling: dict) -> torch.Tensor:
-        return runner.sample(logits, sampling, len(seqs))
+        return runner.sample(logits, sampling)
 
     return {"prepare": lambda: runner.prepare_sample(seqs), "forward": forward,
             "logits": runner.model.compute_logits, "sample": sample}, use_graph

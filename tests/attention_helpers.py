@@ -2,7 +2,7 @@
 causal attention they must match."""
 import torch
 
-from nanovllm_edu.engine.step_inputs import StepInputs
+from nanovllm_edu.utils.step_inputs import StepInputs
 
 
 def reference_attention(q, k, v, scale):

@@ -110,3 +110,75 @@ def import_cycles(package_dir: Path) -> list[list[str]]:
             visit(v)
     nested = lambda g: all(any(o.startswith(x + ".") or x.startswith(o + ".") for o in g if o != x) for x in g)
     return [g for g in groups if not nested(g)]
+
+
+# The architecture rules (design.md, "The course's shape"): layering, @patch never overriding, one base class.
+LOW_LAYERS = ("layers", "kernels", "models", "utils")  # below the engine: they never import engine/
+ENGINE_MUST_NOT_IMPORT = ("course", "serve", "bench", "labs", "llm", "online")  # what sits on top of the engine
+
+
+def layering_violations(package_dir: Path) -> list[str]:
+    """One message per import that goes up the layers: layers/kernels/models/utils importing engine/, or
+    engine/ importing course/, serve/, bench/, labs/ or the user-facing llm.py / online.py."""
+    modules = load_modules(package_dir)
+    top = package_dir.name
+    problems = []
+    for module in modules.values():
+        parts = module.name.split(".")
+        if len(parts) < 3 and not (len(parts) == 2 and module.path.name == "__init__.py"):
+            continue  # a top-level module (config, llm, ...) may import what it needs
+        layer = parts[1]
+        for line, target in imports_of(module, modules):
+            target_layer = target.split(".")[1] if target.count(".") else ""
+            if (layer in LOW_LAYERS and target_layer == "engine") or (
+                    layer == "engine" and target_layer in ENGINE_MUST_NOT_IMPORT):
+                problems.append(f"{module.path}:{line} ({top}.{layer}) imports {target}")
+    return problems
+
+
+def _classes(package_dir: Path) -> tuple[dict, dict, list]:
+    """Every class: its bases' names and the methods its body defines; and every @patch-ed method as
+    (class name, method name, where)."""
+    bases, bodies, patched = {}, {}, []
+    for module in load_modules(package_dir).values():
+        for node in ast.walk(ast.parse(module.path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = [getattr(b, "id", getattr(b, "attr", "")) for b in node.bases]
+                bodies[node.name] = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                    "patch" in ast.unparse(d) for d in node.decorator_list) and node.args.args:
+                owner = node.args.args[0].annotation
+                for name in ([n.id for n in ast.walk(owner) if isinstance(n, ast.Name)] if owner else []):
+                    patched.append((name, node.name, f"{module.path}:{node.lineno}"))
+    return bases, bodies, patched
+
+
+def patch_overrides(package_dir: Path) -> list[str]:
+    """@patch grows a class inside its notebook only with methods nobody overrides: one message per patched
+    method that a subclass overrides, or that overrides a method of a base class."""
+    bases, bodies, patched = _classes(package_dir)
+    for name, method, _ in patched:
+        bodies.setdefault(name, set()).add(method)
+
+    def ancestors(name: str, seen: frozenset = frozenset()):
+        for base in bases.get(name, []):
+            if base in bases and base not in seen:
+                yield base
+                yield from ancestors(base, seen | {base})
+
+    problems = set()
+    for name, method, where in patched:
+        if method.startswith("__"):
+            continue
+        problems |= {f"{where} @patch {name}.{method} overrides {a}.{method}" for a in ancestors(name)
+                     if method in bodies.get(a, set())}
+        problems |= {f"{where} @patch {name}.{method} is overridden in {sub}" for sub in bases
+                     if name in ancestors(sub) and method in bodies.get(sub, set())}
+    return sorted(problems)
+
+
+def multi_base_classes(package_dir: Path) -> list[str]:
+    """Classes with two or more of the package's classes as bases (mixin chains)."""
+    bases, _, _ = _classes(package_dir)
+    return [f"{name}({', '.join(b for b in bs if b in bases)})" for name, bs in bases.items()
+            if sum(b in bases for b in bs) > 1]

@@ -2,7 +2,8 @@
 and, so the check itself is known to bite, on a small package that breaks each rule."""
 from pathlib import Path
 
-from import_rules import forward_imports, import_cycles, load_modules
+from import_rules import (forward_imports, import_cycles, layering_violations, load_modules, multi_base_classes,
+                          patch_overrides)
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "nanovllm_edu"
@@ -44,3 +45,32 @@ def test_the_rules_catch_a_forward_import_and_a_cycle(tmp_path):
     assert len(problems) == 1 and "a.py:4 imports pkg.b" in problems[0]
     assert "02_b.ipynb" in problems[0] and "01_a.ipynb" in problems[0]
     assert import_cycles(pkg) == [["pkg.a", "pkg.b"]]
+
+
+def test_layers_below_the_engine_and_the_engine_below_its_users():
+    problems = layering_violations(PACKAGE)
+    assert not problems, "\n".join(problems)
+
+
+def test_patch_never_overrides_and_no_mixin_chains():
+    assert patch_overrides(PACKAGE) == []
+    assert multi_base_classes(PACKAGE) == []
+
+
+def test_the_architecture_rules_catch_each_break(tmp_path):
+    pkg = tmp_path / "pkg"
+    for folder in ("layers", "engine"):
+        _module(pkg / folder / "__init__.py", None, '"""marker"""\n')
+    _module(pkg / "__init__.py", None, '"""marker"""\n')
+    _module(pkg / "llm.py", "03_c.ipynb", "from .engine.runner import Runner\n")
+    _module(pkg / "layers" / "attn.py", "01_a.ipynb", "def f():\n    from ..engine.runner import Runner\n")
+    _module(pkg / "engine" / "runner.py", "02_b.ipynb",
+            "from fastcore.basics import patch\nfrom ..llm import LLM\n\n\nclass Runner:\n    def run(self): pass\n\n\n"
+            "class Mixin:\n    pass\n\n\nclass Chain(Mixin, Runner):\n    def step(self): pass\n\n\n"
+            "@patch\ndef run(self: Chain): pass\n\n\n@patch\ndef step(self: Runner): pass\n")
+    layering = layering_violations(pkg)
+    assert len(layering) == 2 and "runner.py:4" in layering[0] and "attn.py:4" in layering[1]
+    overrides = patch_overrides(pkg)
+    assert any("Chain.run overrides Runner.run" in p for p in overrides)
+    assert any("Runner.step is overridden in Chain" in p for p in overrides)
+    assert multi_base_classes(pkg) == ["Chain(Mixin, Runner)"]

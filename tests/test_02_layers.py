@@ -10,7 +10,7 @@ from helpers import make_random_hf_qwen3
 from transformers.models.qwen3 import modeling_qwen3 as hf_qwen3
 
 from nanovllm_edu.layers.activation import SiluAndMul
-from nanovllm_edu.engine.step_inputs import StepInputs
+from nanovllm_edu.utils.step_inputs import StepInputs
 from nanovllm_edu.layers.attention import Attention, causal_attention
 from nanovllm_edu.layers.backends.base import PagedAttention, attach_kv_cache
 from nanovllm_edu.layers.embed_head import ParallelLMHead, VocabParallelEmbedding

@@ -5,7 +5,7 @@ import pytest
 
 from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
-from nanovllm_edu.course.streaming import StreamEvent, abort_requests, stream, stream_texts
+from nanovllm_edu.course.streaming import StreamEvent, stream, stream_texts
 
 from helpers import without_metrics
 
@@ -184,7 +184,7 @@ def test_abort_all_elsewhere_ends_a_stream_with_an_error(llm, reference):
     assert_idle(llm)
 
 
-def test_abort_requests_frees_waiting_and_half_prefilled_requests():
+def test_engine_abort_frees_waiting_and_half_prefilled_requests():
     engine = LLM(tiny_model_path(), num_kvcache_blocks=16, kvcache_block_size=16, max_num_batched_tokens=8,
                  max_num_seqs=1)
     long_prompt = list(range(1, 30))
@@ -193,7 +193,7 @@ def test_abort_requests_frees_waiting_and_half_prefilled_requests():
         engine.scheduler.add(seq)
     engine.step()
     assert engine.scheduler.prefilling is half and queued in engine.scheduler.waiting
-    abort_requests(engine, [half, queued])
+    engine.abort_sequences([half, queued])
     assert engine.scheduler.prefilling is None and engine.is_finished()
     assert half.finish_reason == queued.finish_reason == "abort"
     assert_idle(engine)

@@ -62,7 +62,7 @@ def test_each_rank_holds_its_kv_heads(tp_llm):
     assert runner.num_kv_heads == cfg.num_key_value_heads // 2
     assert runner.kv_cache.shape[-2] == runner.num_kv_heads
     assert runner.model.model.layers[0].self_attn.num_heads == cfg.num_attention_heads // 2
-    assert len(runner.workers.procs) == 1
+    assert len(runner.ranks.workers.procs) == 1
 
 
 def test_async_scheduling_plans_ahead_under_tp(tp_llm, prompt_ids):

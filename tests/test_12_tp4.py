@@ -79,8 +79,8 @@ def test_each_of_four_ranks_holds_a_quarter_of_the_kv_heads(tp_llm):
     assert runner.num_kv_heads == 1
     assert runner.kv_cache.shape[-2] == 1
     assert runner.model.model.layers[0].self_attn.num_heads == 2
-    assert len(runner.workers.procs) == TP - 1
-    assert all(proc.is_alive() for proc in runner.workers.procs)
+    assert len(runner.ranks.workers.procs) == TP - 1
+    assert all(proc.is_alive() for proc in runner.ranks.workers.procs)
 
 
 @pytest.mark.gpu
@@ -94,4 +94,4 @@ def test_tp4_on_four_gpus_matches_transformers(tp_llm, model_path):
                  kvcache_block_size=16, num_kvcache_blocks=64) as llm:
             outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
             assert [o["token_ids"] for o in outs] == reference, f"enforce_eager={eager}"
-            assert llm.model_runner.num_kv_heads == 1 and len(llm.model_runner.workers.procs) == TP - 1
+            assert llm.model_runner.num_kv_heads == 1 and len(llm.model_runner.ranks.workers.procs) == TP - 1

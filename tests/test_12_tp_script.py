@@ -60,7 +60,7 @@ def test_ctrl_c_mid_step_under_tp_leaves_a_usable_engine():
         assert len(calls) == 3  # that step ended, and no other started
         del llm.model_runner.forward
         assert llm.scheduler.is_finished()  # generate() aborted the requests
-        assert not llm.model_runner.workers.closed
+        assert not llm.model_runner.ranks.workers.closed
         again = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         assert [out["token_ids"] for out in again] == expected
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

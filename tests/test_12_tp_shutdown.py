@@ -43,7 +43,7 @@ def test_exit_then_a_new_engine_and_a_driver_exception():
     llm = LLM(tiny_model_path(), tensor_parallel_size=2, max_num_seqs=4, max_model_len=256,
               kvcache_block_size=16, device="cpu")
     assert llm.model_runner.num_kvcache_blocks == 4 * 256 // 16
-    pids = llm.model_runner.workers.pids
+    pids = llm.model_runner.ranks.workers.pids
     llm.exit()
     llm.close()  # twice is fine
     assert wait_gone(pids, 5)
@@ -53,7 +53,7 @@ def test_exit_then_a_new_engine_and_a_driver_exception():
     # the process group was destroyed, so another TP engine can start; an exception on rank 0 in the
     # middle of a step (the worker is already inside its forward pass) must not hang, nor leave the worker
     llm = LLM(tiny_model_path(), tensor_parallel_size=2, **SETTINGS)
-    pids = llm.model_runner.workers.pids
+    pids = llm.model_runner.ranks.workers.pids
 
     def broken(step):
         raise ValueError("driver bug")
@@ -69,7 +69,7 @@ def test_exit_then_a_new_engine_and_a_driver_exception():
 
 def test_worker_death_mid_generate_raises_within_seconds():
     llm = LLM(tiny_model_path(), tensor_parallel_size=2, **(SETTINGS | dict(num_kvcache_blocks=600)))
-    pid = llm.model_runner.workers.pids[0]
+    pid = llm.model_runner.ranks.workers.pids[0]
     killed_at = []
 
     def kill_soon():
@@ -82,7 +82,7 @@ def test_worker_death_mid_generate_raises_within_seconds():
     with pytest.raises(WorkerDiedError, match="rank 1 .*exit code -9"):
         llm.generate(many, SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True), use_tqdm=False)
     assert time.monotonic() - killed_at[0] < 5
-    assert llm.model_runner.workers.procs == []
+    assert llm.model_runner.ranks.workers.procs == []
 
 
 DRIVER = textwrap.dedent("""
@@ -92,7 +92,7 @@ DRIVER = textwrap.dedent("""
     if __name__ == "__main__":
         llm = LLM(tiny_model_path(), tensor_parallel_size=2, num_kvcache_blocks=64, kvcache_block_size=16,
                   device="cpu")
-        print("pids", *llm.model_runner.workers.pids, flush=True)
+        print("pids", *llm.model_runner.ranks.workers.pids, flush=True)
         params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
         if sys.argv[1:] == ["raise"]:  # a bug in the user's script: Python exits through atexit
             llm.generate([[1, 2, 3]], params, use_tqdm=False)

@@ -14,7 +14,7 @@ httpx = pytest.importorskip("httpx")
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nanovllm_edu.assets import tiny_model_path
-from nanovllm_edu.engine.online import OnlineLLM
+from nanovllm_edu.online import OnlineLLM
 from nanovllm_edu.serve.app import ServerThread
 
 from parity import hf_greedy

@@ -9,7 +9,7 @@ import pytest
 
 from nanovllm_edu import SamplingParams
 from nanovllm_edu.assets import tiny_model_path
-from nanovllm_edu.engine.online import OnlineLLM
+from nanovllm_edu.online import OnlineLLM
 
 from parity import hf_greedy
 

@@ -14,7 +14,7 @@ from nanovllm_edu.bench.online import (BURST, LATENCY_KEYS, arrival_times, laten
                                        run_online_benchmark, save_figure, stall_summary, stall_timeline,
                                        write_record)
 from nanovllm_edu.bench.workload import make_workload
-from nanovllm_edu.engine.online import OnlineLLM
+from nanovllm_edu.online import OnlineLLM
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ENGINE_ARGS = {"device": "cpu", "num_kvcache_blocks": 256, "kvcache_block_size": 16, "max_num_seqs": 16}

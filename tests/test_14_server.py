@@ -22,7 +22,7 @@ pytest.importorskip("uvicorn")
 
 from nanovllm_edu import SamplingParams
 from nanovllm_edu.assets import tiny_model_path
-from nanovllm_edu.engine.online import OnlineLLM
+from nanovllm_edu.online import OnlineLLM
 from nanovllm_edu.serve.app import ServerThread
 
 MODEL = "tiny-test"

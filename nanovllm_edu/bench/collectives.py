@@ -78,7 +78,7 @@ def collective_fields(llm, workload: Workload) -> dict:
     runner = llm.model_runner
     top = min(llm.config.max_num_seqs, workload.num_seqs)  # the largest decode batch of the run
     sizes = sorted({bs for bs in COLLECTIVE_BATCH_SIZES if bs < top} | {top})
-    timings = runner.workers.call(time_collectives, runner, sizes)
+    timings = runner.ranks.workers.call(time_collectives, runner, sizes)
     per_step = [t["all_reduce_seconds"] + t["gather_seconds"] for t in timings.values()]
     steps = decode_batch_sizes(workload.max_tokens)
     return {"collectives_by_batch_size": {str(bs): t for bs, t in timings.items()},

@@ -413,7 +413,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # %% ../../notebooks/14_serving.ipynb #p3-cli-main-code
 def run(model: str, args: argparse.Namespace, workload) -> dict:
     """Load the online engine, run every rate (and the stall timeline if asked); the record."""
-    from nanovllm_edu.engine.online import OnlineLLM
+    from nanovllm_edu.online import OnlineLLM
     with OnlineLLM(model, **engine_args_from(args)) as llm:
         record = run_online_benchmark(llm, workload, args.rates, args.seed, timeout_s=args.timeout)
         if args.stall_plot or args.stall_prompt_len:

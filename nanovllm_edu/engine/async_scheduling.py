@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['PENDING_TOKEN', 'append_placeholder', 'num_pending_tokens', 'fill_placeholder', 'stop_at', 'AsyncScheduler',
-           'AsyncPrefixCachingBlockManager', 'AsyncStepInputs', 'AsyncRunnerMixin', 'AsyncModelRunner', 'InflightStep',
+           'AsyncPrefixCachingBlockManager', 'AsyncStepInputs', 'AsyncCarry', 'async_runner', 'InflightStep',
            'AsyncLLMEngine']
 
 # %% ../../notebooks/10_async_scheduling.ipynb #952381c1
@@ -13,13 +13,14 @@ from itertools import islice
 import torch
 from torch import Tensor
 
+from ..config import Config
 from .llm_engine import LLMEngine
-from .model_runner import ModelRunner, StepOutput
+from .model_runner import ModelRunner, NoCarry, StepOutput
 from .observer import StepObserver
 from .prefix_cache import PrefixCachingBlockManager
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .step_inputs import StepInputs
+from ..utils.step_inputs import StepInputs
 
 PENDING_TOKEN = -1  # stands for a sampled token whose id has not reached the CPU yet (never a real id)
 
@@ -119,46 +120,43 @@ class AsyncStepInputs(StepInputs):
     source_rows: Tensor | None = None  # int64 [B]
 
 
-class AsyncRunnerMixin:
-    """Runner side of async scheduling: a decode may be launched before the previous step's tokens reach
-    the CPU; its pending input tokens are then gathered on the device from that step's sampled tokens."""
-    last_sampled: Tensor | None = None  # the previous step's sampled tokens, still on the device
-    sampled_rows: dict[int, int] | None = None  # seq_id -> row of last_sampled (rank 0 plans the steps)
+class AsyncCarry(NoCarry):
+    """What async scheduling carries from a step to the next (the runner's `carry` part, notebook 08): a
+    decode may be launched before the previous step's tokens reach the CPU; its pending input tokens are
+    then gathered on the device from that step's sampled tokens."""
 
-    def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
-        step = super().prepare_decode(seqs)
+    def __init__(self):
+        self.last_sampled: Tensor | None = None  # the previous step's sampled tokens, still on the device
+        self.sampled_rows: dict[int, int] = {}  # seq_id -> row of last_sampled (the rank that plans)
+
+    def mark_pending(self, step: StepInputs, seqs: list[Sequence]) -> StepInputs:
         pending = step.input_ids == PENDING_TOKEN
         if not bool(pending.any()):
             return step
         source_rows = torch.full_like(step.input_ids, -1)
-        rows = self.sampled_rows or {}
-        source_rows[pending] = torch.tensor([rows.get(seq.seq_id, -1)
+        source_rows[pending] = torch.tensor([self.sampled_rows.get(seq.seq_id, -1)
                                              for seq, wait in zip(seqs, pending.tolist()) if wait])
         if bool((source_rows[pending] < 0).any()):
             raise RuntimeError("a pending token was not sampled by the previous step (async scheduling "
                                "plans one step ahead at most)")
         return AsyncStepInputs(**{f.name: getattr(step, f.name) for f in fields(step)}, source_rows=source_rows)
 
-    def device_inputs(self, step: StepInputs) -> StepInputs:
-        step = super().device_inputs(step)
+    def fill_pending(self, step: StepInputs) -> StepInputs:
         source = getattr(step, "source_rows", None)
         if source is not None:  # pending tokens: read them where the previous step left them
             step.input_ids = torch.where(source >= 0, self.last_sampled[source.clamp(min=0)], step.input_ids)
         return step
 
-    def execute(self, step: StepInputs, sampling: dict | None = None) -> Tensor | None:
-        tokens = super().execute(step, sampling)
+    def sampled(self, tokens: Tensor | None) -> None:
         self.last_sampled = tokens
-        return tokens
 
-    def launch(self, seqs: list[Sequence], is_prefill: bool) -> StepOutput:
-        output = super().launch(seqs, is_prefill)
-        self.sampled_rows = {seq.seq_id: row for row, seq in enumerate(output.seqs)}
-        return output
+    def launched(self, seqs: list[Sequence]) -> None:
+        self.sampled_rows = {seq.seq_id: row for row, seq in enumerate(seqs)}
 
 
-class AsyncModelRunner(AsyncRunnerMixin, ModelRunner):
-    """The model runner with async inputs."""
+def async_runner(config: Config, rank: int = 0, device: torch.device | None = None) -> ModelRunner:
+    """Notebook 08's runner carrying sampled tokens from step to step on the device."""
+    return ModelRunner(config, rank, device, carry=AsyncCarry())
 
 # %% ../../notebooks/10_async_scheduling.ipynb #f058edda
 @dataclass
@@ -172,7 +170,7 @@ class InflightStep:
 class AsyncLLMEngine(LLMEngine):
     """The engine with async scheduling (`async_scheduling=True`, the default): while the GPU runs step n,
     the CPU plans and launches step n+1 whenever it does not depend on step n's tokens."""
-    runner_class = AsyncModelRunner
+    make_runner = staticmethod(async_runner)
     scheduler_class = AsyncScheduler
 
     def make_block_manager(self, num_blocks: int):

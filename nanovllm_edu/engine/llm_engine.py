@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['Prompt', 'TOKENIZER_FILES', 'load_tokenizer', 'LLMEngine', 'IncrementalDetokenizer', 'StopStrings', 'CompletionState',
-           'RequestMetrics', 'request_metrics', 'TokenRate']
+           'RequestMetrics', 'request_metrics', 'TokenRate', 'generate_batch']
 
 # %% ../../notebooks/08_engine.ipynb #a2a6dd6f
 import numbers
@@ -39,8 +39,9 @@ def load_tokenizer(model: str):
 # %% ../../notebooks/08_engine.ipynb #2c55b834
 class LLMEngine:
     """Continuous-batching engine: requests in, one scheduled batch through the model per `step()`.
-    Later notebooks swap in their parts through the class attributes (notebook 10: async scheduling)."""
-    runner_class = ModelRunner
+    Later notebooks swap in their parts through the class attributes: `make_runner` builds the model runner
+    from the config (notebook 10: one that carries tokens; llm.py: every part), `scheduler_class`."""
+    make_runner = ModelRunner
     scheduler_class = Scheduler
 
     def __init__(self, model: str, **engine_args):
@@ -49,7 +50,7 @@ class LLMEngine:
         tokenizer_eos = None if self.tokenizer is None else self.tokenizer.eos_token_id
         if "eos" not in engine_args and tokenizer_eos is not None and tokenizer_eos not in self.config.eos:
             self.config.eos += (tokenizer_eos,)  # the tokenizer's EOS stops too, unless the user chose eos=
-        self.model_runner = self.runner_class(self.config)
+        self.model_runner = self.make_runner(self.config)
         self.block_manager = self.make_block_manager(self.model_runner.num_kvcache_blocks)
         self.scheduler = self.scheduler_class(self.config, self.block_manager)
         self.observer = StepObserver()  # watches nothing until `observe` attaches one
@@ -58,6 +59,18 @@ class LLMEngine:
     def make_block_manager(self, num_blocks: int):
         """The pool of KV blocks the scheduler hands out (with prefix caching unless it is off)."""
         return make_block_manager(num_blocks, self.config.kvcache_block_size, self.config.enable_prefix_caching)
+
+    def steps(self) -> Iterator[tuple[list[Sequence], int]]:
+        """Step until every queued request has finished; yields what each `step()` returns (below; notebook
+        10's engine keeps a step in flight instead)."""
+        while not self.is_finished():
+            yield self.step()
+
+    def generate(self, prompts: Prompt | list[Prompt],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = True) -> list[dict]:
+        """Completions for a batch, in prompt order (`generate_batch`, below; notebook 14's online engine
+        generates through its loop instead)."""
+        return generate_batch(self, prompts, sampling_params, use_tqdm)
 
     def exit(self) -> None:
         """Release the engine's worker processes (tensor parallelism, notebook 12); safe to call twice."""
@@ -427,21 +440,20 @@ def is_finished(self: LLMEngine) -> bool:
 
 
 @patch
-def steps(self: LLMEngine) -> Iterator[tuple[list[Sequence], int]]:
-    """Step until every queued request has finished; yields what each `step()` returns."""
-    while not self.is_finished():
-        yield self.step()
+def abort_sequences(self: LLMEngine, seqs: list[Sequence] | None = None) -> None:
+    """Drop `seqs` (None: every queued and running request): the scheduler takes them out and frees their
+    blocks (notebook 07), the engine frees their penalty rows and stamps their finish; the engine and the
+    other requests run on. Between steps only (async scheduling: when no step is in flight, notebook 14)."""
+    now = time.monotonic()
+    for seq in self.scheduler.abort(seqs):
+        seq.metrics.finished_time = now
+        self.model_runner.token_counts.release(seq.seq_id)
 
 
 @patch
 def abort_all(self: LLMEngine) -> None:
     """Drop every queued and running request and free its blocks (the engine stays usable)."""
-    now = time.monotonic()
-    for seq in (*self.scheduler.running, *self.scheduler.waiting):
-        seq.metrics.finished_time = now
-    self.scheduler.abort_all()
-    for seq_id in list(self.model_runner.token_counts.row_of):
-        self.model_runner.token_counts.release(seq_id)
+    self.abort_sequences()
 
 
 @patch
@@ -510,32 +522,31 @@ def check_idle(self: LLMEngine) -> None:
                            "(`for finished, _ in engine.steps(): ...`) or drop them with engine.abort_all()")
 
 
-@patch
-def generate(self: LLMEngine, prompts: Prompt | list[Prompt],
-             sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = True) -> list[dict]:
-    """Generate completions for a batch; results in prompt order (`result`: text, token_ids, finish_reason,
+def generate_batch(engine: LLMEngine, prompts: Prompt | list[Prompt],
+                   sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                   use_tqdm: bool = True) -> list[dict]:
+    """`LLMEngine.generate`: completions for a batch; results in prompt order (`result`: text, token_ids, finish_reason,
     stop_reason, num_cached_tokens, logprobs, ...). Every request is validated before any runs. Calls from several threads take turns
     (the engine's `lock`); each gets its own results."""
-    with self.lock:
-        seqs = self.make_requests(prompts, sampling_params)
-        self.check_idle()
+    with engine.lock:
+        seqs = engine.make_requests(prompts, sampling_params)
+        engine.check_idle()
         for seq in seqs:
-            self.scheduler.add(seq)
+            engine.scheduler.add(seq)
         total = sum(seq.sampling_params.n for seq in seqs)  # completions, forks included
         bar = tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
         meter = TokenRate(time.perf_counter())
         try:
-            for finished, num_tokens in self.steps():
+            for finished, num_tokens in engine.steps():
                 rates = meter.update(time.perf_counter(), num_tokens)
                 bar.set_postfix({kind: f"{rate:.0f}tok/s" for kind, rate in rates.items()}, refresh=False)
                 bar.update(len(finished))
         except BaseException:
-            self.abort_all()  # e.g. Ctrl-C: free every block so the engine serves the next call
+            engine.abort_all()  # e.g. Ctrl-C: free every block so the engine serves the next call
             raise
         finally:
             bar.close()
-        return [self.result(seq) for seq in seqs]
+        return [engine.result(seq) for seq in seqs]
 
 # %% ../../notebooks/08_engine.ipynb #chat-code
 @patch

@@ -4,7 +4,7 @@
 __all__ = ['TP_TIMEOUT_S', 'STARTUP_TIMEOUT_S', 'WAIT_POLL_S', 'MAIN_GUARD_EXIT_CODE', 'MAIN_GUARD_HELP', 'WorkerDiedError',
            'check_tp_devices', 'rank_device', 'init_process_group', 'worker_main', 'leave_process_group',
            'shutdown_workers', 'MissingMainGuardError', 'importing_main_for_spawn', 'refuse_unguarded_start',
-           'WorkerGroup', 'DeferredInterrupt', 'TensorParallelMixin']
+           'WorkerGroup', 'DeferredInterrupt', 'TensorParallelRanks', 'tensor_parallel_runner']
 
 # %% ../../notebooks/12_tensor_parallel.ipynb #7e32724a
 import datetime
@@ -15,13 +15,16 @@ import pickle
 import signal
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from ..config import Config
-from .model_runner import copy_kv_blocks
+from .model_runner import ModelRunner
+from ..utils.step_inputs import StepInputs
 from ..utils.device import resolve_device
 
 # A collective that waits longer than this fails instead of hanging forever (a backstop: gloo notices a
@@ -60,9 +63,9 @@ def init_process_group(rank: int, world_size: int, store: dist.Store, device: to
                             world_size=world_size, timeout=datetime.timedelta(seconds=TP_TIMEOUT_S))
 
 # %% ../../notebooks/12_tensor_parallel.ipynb #cf730671
-def worker_main(config: Config, rank: int, port: int, conn: mp.connection.Connection, runner_class: type) -> None:
-    """Entry point of ranks 1..N-1 (spawned by WorkerGroup): build this rank's `runner_class` runner, then
-    run rank 0's commands until "exit": ("run", step inputs) runs a step, ("call", fn, args) runs
+def worker_main(config: Config, rank: int, port: int, conn: mp.connection.Connection, build_runner) -> None:
+    """Entry point of ranks 1..N-1 (spawned by WorkerGroup): build this rank's runner with `build_runner`
+    (an importable function of config and rank), then run rank 0's commands until "exit": ("run", step inputs) runs a step, ("call", fn, args) runs
     fn(runner, *args) on every rank together (e.g. a benchmark of the collectives)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal reaches every process: rank 0 decides
     world_size = config.tensor_parallel_size
@@ -75,7 +78,7 @@ def worker_main(config: Config, rank: int, port: int, conn: mp.connection.Connec
     init_process_group(rank, world_size, store, rank_device(device, rank))
     runner, told_to_exit = None, False
     try:
-        runner = runner_class(config, rank)
+        runner = build_runner(config, rank)
         while True:
             try:
                 command, *args = pickle.loads(conn.recv_bytes())
@@ -173,7 +176,7 @@ class WorkerGroup:
     """Rank 0's handle on ranks 1..N-1: start them, run each step on all ranks, notice a dead worker,
     shut down cleanly (on exit(), garbage collection, interpreter exit, or a failed step)."""
 
-    def __init__(self, config: Config, device: torch.device, runner_class: type):
+    def __init__(self, config: Config, device: torch.device, build_runner):
         refuse_unguarded_start()  # a worker re-importing a script without a main guard stops here
         world_size = config.tensor_parallel_size
         if dist.is_initialized():
@@ -189,7 +192,7 @@ class WorkerGroup:
         try:
             for rank in range(1, world_size):
                 parent_end, child_end = ctx.Pipe()
-                proc = ctx.Process(target=worker_main, args=(config, rank, self.store.port, child_end, runner_class),
+                proc = ctx.Process(target=worker_main, args=(config, rank, self.store.port, child_end, build_runner),
                                    name=f"nanovllm-edu-tp{rank}", daemon=True)
                 proc.start()
                 child_end.close()  # only the worker holds it now: its death closes the pipe for us
@@ -336,62 +339,52 @@ def shutdown(self: WorkerGroup, graceful: bool = True) -> None:
         shutdown_workers(self.procs, self.conns, graceful=False)
 
 # %% ../../notebooks/12_tensor_parallel.ipynb #dde60854
-class TensorParallelMixin:
-    """Runner side of tensor parallelism: every rank's runner holds its shard of the model and of the KV
-    cache. Rank 0's starts ranks 1..N-1 (`WorkerGroup`) and sends them each step's inputs; all run the
-    forward pass together and meet in its all-reduces. Under async scheduling rank 0 broadcasts each
-    step's sampled tokens, so every rank can gather the next step's pending inputs itself."""
-    workers: WorkerGroup | None = None
+class TensorParallelRanks:
+    """Where the ranks run under tensor parallelism (the runner's `ranks` part, notebook 08): rank 0 holds the
+    `WorkerGroup` and sends each step to ranks 1..N-1; every rank runs the forward pass, and all meet in its
+    all-reduces. Under async scheduling rank 0 broadcasts each step's sampled tokens, so every rank can
+    gather the next step's pending inputs itself."""
 
-    def __init__(self, config: Config, rank: int = 0, device: torch.device | None = None):
-        tp_size = config.tensor_parallel_size
-        self.share_sampled = tp_size > 1 and config.async_scheduling
-        if tp_size > 1:
-            device = resolve_device(config.device)
-            check_tp_devices(tp_size, device)  # before any process starts
-            device = rank_device(device, rank)  # cuda:rank, made current before NCCL starts
-            if rank == 0:
-                self.workers = WorkerGroup(config, device, type(self))  # joined in one process group
-        try:
-            super().__init__(config, rank, device)
-        except BaseException:
-            if self.workers is not None:  # no worker outlives a runner that failed to start
-                self.workers.shutdown(graceful=False)
-            raise
+    def __init__(self, workers: WorkerGroup | None, share_sampled: bool):
+        self.workers, self.share = workers, share_sampled  # workers: on rank 0 only
 
-    def kv_cache_blocks(self) -> int:
-        num_blocks = super().kv_cache_blocks()
-        if self.tp_size > 1:  # block ids mean the same slots on every rank: all take the smallest cache
-            agreed = torch.tensor([num_blocks], device=self.device)
-            dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-            num_blocks = int(agreed.item())
-        return num_blocks
+    def run_step(self, run_local, step: StepInputs):
+        return run_local() if self.workers is None else self.workers.run_step(run_local, step)
 
-    def execute(self, step, sampling: dict | None = None):
-        run_local = super().execute
-        if self.workers is None:  # one rank, or a worker: rank 0 sent us this step
-            return run_local(step, sampling)
-        return self.workers.run_step(lambda: run_local(step, sampling), step)
+    def call(self, fn, runner, *args):
+        return fn(runner, *args) if self.workers is None else self.workers.call(fn, runner, *args)
 
-    def sample(self, logits, sampling: dict | None, num_rows: int):
-        tokens = super().sample(logits, sampling, num_rows)
-        if self.share_sampled:
+    def wait(self, event) -> None:  # rank 0 watches the workers: a dead one must not leave it waiting forever
+        event.synchronize() if self.workers is None else self.workers.wait(event)
+
+    def agree_min(self, value: int, device: torch.device) -> int:
+        agreed = torch.tensor([value], device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        return int(agreed.item())
+
+    def share_sampled(self, tokens: Tensor | None, num_rows: int, device: torch.device) -> Tensor | None:
+        if self.share:
             if tokens is None:  # a worker: the logits were gathered on rank 0
-                tokens = torch.empty(num_rows, dtype=torch.int64, device=self.device)
+                tokens = torch.empty(num_rows, dtype=torch.int64, device=device)
             dist.broadcast(tokens, src=0)
         return tokens
 
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        if self.workers is None:
-            return super().copy_blocks(pairs)
-        self.workers.call(copy_kv_blocks, self, pairs)  # every rank copies its shard of the blocks
-
-    def wait_event(self, event) -> None:
-        if self.workers is None:
-            return super().wait_event(event)
-        self.workers.wait(event)  # watching the workers: a dead one must not leave us waiting forever
-
-    def exit(self) -> None:
-        super().exit()
+    def shutdown(self, graceful: bool = True) -> None:
         if self.workers is not None:
-            self.workers.shutdown()
+            self.workers.shutdown(graceful)
+
+
+def tensor_parallel_runner(config: Config, rank: int, build_runner: Callable, **parts) -> ModelRunner:
+    """This rank's runner of a tensor-parallel engine: validate the devices, take GPU number `rank`, and on
+    rank 0 start the workers *before* the model loads (each builds its runner with `build_runner`, an
+    importable function, and all join one group); if rank 0's own start fails, no worker outlives it."""
+    device = resolve_device(config.device)
+    check_tp_devices(config.tensor_parallel_size, device)  # before any process starts
+    device = rank_device(device, rank)  # cuda:rank, made current before NCCL starts
+    workers = WorkerGroup(config, device, build_runner) if rank == 0 else None
+    ranks = TensorParallelRanks(workers, share_sampled=config.async_scheduling)
+    try:
+        return ModelRunner(config, rank, device, ranks=ranks, **parts)
+    except BaseException:
+        ranks.shutdown(graceful=False)
+        raise

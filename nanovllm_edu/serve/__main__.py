@@ -17,7 +17,7 @@ import uvicorn
 
 from ..assets import tiny_model_path
 from ..bench.cli import OneLineErrors, add_engine_flags, engine_args_from
-from ..engine.online import OnlineLLM
+from ..online import OnlineLLM
 from .app import EngineServer, build_app, listen_socket
 
 GRACEFUL_SECONDS = 3  # how long uvicorn waits for open responses once the engine has ended their requests

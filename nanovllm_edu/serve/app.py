@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from ..engine.online import OnlineLLM, RequestOutput, RequestStream
+from ..online import OnlineLLM, RequestOutput, RequestStream
 from .protocol import (
     APIError, OpenAIRequest, StreamChunks, chat_prompt_ids, check_context_length, check_model, detokenize_body,
     parse_chat_request, parse_completion_request, response_body, sampling_params, sse, tokenize_body)

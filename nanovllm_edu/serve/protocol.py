@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import is_int
-from ..engine.online import RequestOutput
+from ..online import RequestOutput
 from ..sampling_params import SamplingParams
 
 MAX_LOGPROBS = 20  # top tokens per position a request may ask for (OpenAI's chat limit, vLLM's default)

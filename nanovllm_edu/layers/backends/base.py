@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor, nn
 
-from ...engine.step_inputs import StepInputs
+from ...utils.step_inputs import StepInputs
 from ..attention import Attention
 from ..layernorm import RMSNorm
 from ..rotary_embedding import RotaryEmbedding

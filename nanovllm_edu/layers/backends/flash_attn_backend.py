@@ -6,7 +6,7 @@ __all__ = ['FLASH_ATTN_BLOCK_MULTIPLE', 'FlashAttnBackend']
 # %% ../../../notebooks/05_triton_attention.ipynb #366690fa
 from torch import Tensor
 
-from ...engine.step_inputs import StepInputs
+from ...utils.step_inputs import StepInputs
 from ...kernels.store_kvcache import store_kvcache
 from .base import AttentionBackend
 

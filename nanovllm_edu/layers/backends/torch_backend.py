@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...engine.step_inputs import StepInputs
+from ...utils.step_inputs import StepInputs
 from ...kernels.store_kvcache import store_kvcache_torch
 from .base import AttentionBackend
 

@@ -6,7 +6,7 @@ __all__ = ['TritonBackend']
 # %% ../../../notebooks/05_triton_attention.ipynb #f32f098a
 from torch import Tensor
 
-from ...engine.step_inputs import StepInputs
+from ...utils.step_inputs import StepInputs
 from ...kernels.paged_attention import paged_decode, varlen_prefill
 from ...kernels.qk_norm_rope import qk_norm_rope
 from ...kernels.store_kvcache import store_kvcache
