@@ -82,6 +82,37 @@ def test_allocate_deallocate_roundtrip():
     bm.check_invariants([b])
 
 
+@pytest.mark.parametrize("num_tokens,free_after", [(40, 8 - 4), (32, 8 - 2)], ids=["partial-last-block", "full-blocks"])
+def test_fork_shares_full_blocks_and_copies_the_partial_one(num_tokens, free_after):
+    bm = BlockManager(num_blocks=8, block_size=16)
+    parent = Sequence(list(range(num_tokens)), block_size=16)
+    bm.allocate(parent)
+    child = Sequence(list(range(num_tokens)), block_size=16)
+    copies, complete = bm.fork(parent, child, num_tokens)
+    full = num_tokens // 16
+    assert complete and child.block_table[:full] == parent.block_table[:full]
+    assert all(bm.blocks[b].ref_count == 2 for b in parent.block_table[:full])
+    if num_tokens % 16:
+        assert copies == [(parent.block_table[-1], child.block_table[-1])] and child.block_table[-1] not in parent.block_table
+    else:
+        assert copies == [] and child.block_table == parent.block_table
+    assert bm.num_free_blocks == free_after
+    bm.check_invariants([parent, child])
+    for seq in (child, parent):
+        bm.deallocate(seq)
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_fork_without_a_free_block_says_so():
+    bm = BlockManager(num_blocks=3, block_size=16)
+    parent = Sequence(list(range(40)), block_size=16)
+    bm.allocate(parent)
+    child = Sequence(list(range(40)), block_size=16)
+    assert bm.fork(parent, child, 40) == ([], False)  # the two full blocks are shared, the partial one is not
+    assert child.block_table == parent.block_table[:2]
+    bm.check_invariants([parent, child])
+
+
 def test_freed_blocks_go_to_the_back():
     bm = BlockManager(4, 16)
     a = Sequence(list(range(20)), block_size=16)

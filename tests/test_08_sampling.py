@@ -208,8 +208,8 @@ class PrefillTokens:
         seqs = self.engine.make_requests(prompts, params)
         for seq in seqs:
             self.engine.scheduler.add(seq)
-        for _, num_tokens in self.engine.steps():
-            self.tokens += max(num_tokens, 0)
+        for step in self.engine.steps():
+            self.tokens += step.num_tokens if step.is_prefill else 0
         return [self.engine.result(seq) for seq in seqs]
 
 

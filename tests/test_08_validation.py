@@ -9,7 +9,7 @@ import pytest
 from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.config import Config
-from nanovllm_edu.engine.llm_engine import TokenRate
+from nanovllm_edu.engine.llm_engine import StepResult, TokenRate
 from nanovllm_edu.engine.model_runner import CPU_KV_BUDGET_BYTES, ModelRunner
 
 from helpers import without_metrics
@@ -62,7 +62,7 @@ def test_generate_refuses_while_add_request_results_are_queued(llm):
     with pytest.raises(RuntimeError, match=r"1 request\(s\) already queued .*abort_all"):
         llm.generate(["Create a new"], GREEDY, use_tqdm=False)
     assert [s.seq_id for s in llm.scheduler.waiting] == [seq_id]  # the queued request is untouched
-    finished = [seq for done, _ in llm.steps() for seq in done]
+    finished = [seq for step in llm.steps() for seq in step.finished]
     assert [s.seq_id for s in finished] == [seq_id]
     assert_idle(llm)
     assert without_metrics(llm.generate(["Create a new"], GREEDY, use_tqdm=False)) == without_metrics(alone)
@@ -71,17 +71,17 @@ def test_generate_refuses_while_add_request_results_are_queued(llm):
 def test_token_rate_is_smoothed_over_a_window():
     meter = TokenRate(start=0.0, window=0.5)
     for k in range(1, 11):  # 20 decode tokens every 0.1 s: 200 tok/s
-        rates = meter.update(k / 10, -20)
+        rates = meter.update(k / 10, StepResult([], 20, is_prefill=False))
     assert rates["decode"] == pytest.approx(200) and rates["prefill"] == 0
-    spike = meter.update(1.0001, -20)["decode"]  # a step finishing right after the last: naive 200,000 tok/s
+    spike = meter.update(1.0001, StepResult([], 20, is_prefill=False))["decode"]  # a step finishing right after the last: naive 200,000 tok/s
     assert 200 <= spike < 250
-    assert meter.update(1.2, 300)["prefill"] == pytest.approx(300 / 0.5, rel=0.05)
+    assert meter.update(1.2, StepResult([], 300, is_prefill=True))["prefill"] == pytest.approx(300 / 0.5, rel=0.05)
     assert len(meter.marks) <= 8  # only the window is kept
 
 
 def test_token_rate_of_one_long_step():
     meter = TokenRate(start=10.0)
-    assert meter.update(12.0, 1000) == {"prefill": 500.0, "decode": 0.0}
+    assert meter.update(12.0, StepResult([], 1000, is_prefill=True)) == {"prefill": 500.0, "decode": 0.0}
 
 
 def test_cpu_kv_cache_sized_from_max_model_len_and_max_num_seqs(caplog):

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..config import Config
-from .llm_engine import LLMEngine
+from .llm_engine import LLMEngine, StepResult
 from .model_runner import ModelRunner, NoCarry, StepOutput
 from .observer import StepObserver
 from .prefix_cache import PrefixCachingBlockManager
@@ -164,7 +164,8 @@ class InflightStep:
     """A launched step: its tokens on their way (`output`), the placeholders they fill (`pending`)."""
     output: StepOutput
     pending: list[tuple[Sequence, int]]  # (sequence, index of its placeholder token)
-    num_tokens: int  # tokens processed: positive for prefill, negative for decode
+    num_tokens: int  # tokens processed: a prefill's scheduled tokens, a decode's one per sequence
+    is_prefill: bool
 
 
 class AsyncLLMEngine(LLMEngine):
@@ -183,23 +184,24 @@ class AsyncLLMEngine(LLMEngine):
         once (`reserve`), so the next batch can be planned before this one's tokens are known."""
         seqs, is_prefill = self.scheduler.schedule()
         self.mark_scheduled(seqs, is_prefill)
-        num_tokens = sum(seq.num_scheduled_tokens for seq in seqs) if is_prefill else -len(seqs)
+        num_tokens = sum(seq.num_scheduled_tokens for seq in seqs) if is_prefill else len(seqs)
         output = self.model_runner.launch(seqs, is_prefill)
-        return InflightStep(output, self.scheduler.reserve(seqs), num_tokens)
+        return InflightStep(output, self.scheduler.reserve(seqs), num_tokens, is_prefill)
 
-    def complete(self, step: InflightStep) -> tuple[list[Sequence], int]:
+    def complete(self, step: InflightStep) -> StepResult:
         """Wait for a launched step's tokens and commit them; returns the sequences it finished."""
         token_ids = self.model_runner.token_ids(step.output)
         forked = self.fork_requests(step.output)  # n > 1: before an EOS of the parent frees its blocks
         finished = self.scheduler.commit(step.pending, token_ids)
-        return self.record_outputs(step.output, step.pending, finished, forked), step.num_tokens
+        return StepResult(self.record_outputs(step.output, step.pending, finished, forked), step.num_tokens,
+                          step.is_prefill)
 
     def can_launch_ahead(self, inflight: InflightStep) -> bool:
         """Whether to launch the next step before `inflight` completes: when the scheduler can plan it now, and
         `inflight` forks no n > 1 completions (the forks need the parents' blocks first)."""
         return self.scheduler.can_schedule_ahead() and not inflight.output.forks
 
-    def steps(self) -> Iterator[tuple[list[Sequence], int]]:
+    def steps(self) -> Iterator[StepResult]:
         """Like `LLMEngine.steps`, but launch the next step while the device still runs the one in flight
         whenever the scheduler can plan it now; then wait for the older step's tokens. One step at a time
         when async scheduling is off or an observer watches the steps."""

@@ -152,3 +152,21 @@ def check_invariants(self: BlockManager, seqs: list[Sequence] = ()) -> None:
         assert (block.ref_count > 0) == (block.block_id in self.used_block_ids), f"{block} misfiled"
         if seqs:
             assert block.ref_count == refs[block.block_id], f"{block}: {refs[block.block_id]} tables list it"
+
+# %% ../../notebooks/04_paged_blocks.ipynb #fork-code
+@patch
+def fork(self: BlockManager, parent: Sequence, child: Sequence, num_tokens: int) -> tuple[list[tuple[int, int]], bool]:
+    """Let `child` start from `parent`'s first `num_tokens` tokens: their full blocks shared (one more reference),
+    a partly filled last block copied into a block of the child's own. Returns the (source, destination) block
+    pairs whose KV must be copied, and whether the child got every block (False: none was free for the copy)."""
+    self._check(child)
+    full = num_tokens // self.block_size
+    child.block_table = parent.block_table[:full]
+    for block_id in child.block_table:
+        self.blocks[block_id].ref_count += 1
+    if num_tokens % self.block_size == 0 or len(parent.block_table) <= full:  # nothing partial to copy
+        return [], True  # (or the parent's blocks are gone already: then the child needs none, notebook 08)
+    if not self.free_block_ids:
+        return [], False
+    child.block_table.append(self._take_block().block_id)
+    return [(parent.block_table[full], child.block_table[-1])], True

@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['Prompt', 'TOKENIZER_FILES', 'load_tokenizer', 'LLMEngine', 'IncrementalDetokenizer', 'StopStrings', 'CompletionState',
-           'RequestMetrics', 'request_metrics', 'TokenRate', 'generate_batch']
+           'RequestMetrics', 'request_metrics', 'StepResult', 'TokenRate', 'generate_batch']
 
 # %% ../../notebooks/08_engine.ipynb #a2a6dd6f
 import numbers
@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from fastcore.basics import patch
 from tqdm.auto import tqdm
@@ -60,7 +61,7 @@ class LLMEngine:
         """The pool of KV blocks the scheduler hands out (with prefix caching unless it is off)."""
         return make_block_manager(num_blocks, self.config.kvcache_block_size, self.config.enable_prefix_caching)
 
-    def steps(self) -> Iterator[tuple[list[Sequence], int]]:
+    def steps(self) -> Iterator["StepResult"]:
         """Step until every queued request has finished; yields what each `step()` returns (below; notebook
         10's engine keeps a step in flight instead)."""
         while not self.is_finished():
@@ -388,23 +389,16 @@ def fork_requests(self: LLMEngine, output: StepOutput) -> list[tuple[Sequence, i
     bm, copies, started = self.block_manager, [], []
     for parent, child, token in output.forked():
         parent.completion.waiting_forks.remove(child)
-        full = parent.num_prompt_tokens // bm.block_size
-        child.block_table = parent.block_table[:full]
-        for block_id in child.block_table:
-            bm.blocks[block_id].ref_count += 1
-        # a parent async scheduling already ended at this token (max_tokens 1) has freed its blocks: the
-        # child ends at its first token too, and needs none
-        partial = bool(parent.block_table) and parent.num_prompt_tokens % bm.block_size != 0
-        copied = partial and bm.num_free_blocks > 0
-        if copied:  # the partly filled last block: a copy of its own
-            child.block_table.append(bm._take_block().block_id)
-            copies.append((parent.block_table[full], child.block_table[-1]))
+        # the prompt's blocks (notebook 04's fork). A parent async scheduling already ended at this token
+        # (max_tokens 1) has freed its blocks: the child ends at its first token too, and needs none
+        pairs, complete = bm.fork(parent, child, parent.num_prompt_tokens)
+        copies += pairs
         child.num_computed_tokens, child.num_cached_tokens = parent.num_prompt_tokens, parent.num_cached_tokens
         child.status = SequenceStatus.RUNNING
         child.metrics.scheduled(time.monotonic())
         self.scheduler.running.append(child)
         self.scheduler.postprocess([child], [token])  # appends the token; EOS or length end it
-        if partial and not copied and not child.is_finished:  # no block was free
+        if not complete and not child.is_finished:  # no block was free for the copy
             self.scheduler.running.remove(child)
             self.scheduler.preempt(child)  # recomputed later, like any preempted sequence
         started.append((child, child.num_prompt_tokens))
@@ -413,10 +407,17 @@ def fork_requests(self: LLMEngine, output: StepOutput) -> list[tuple[Sequence, i
     return started
 
 # %% ../../notebooks/08_engine.ipynb #5cf6d2ba
+class StepResult(NamedTuple):
+    """What one engine step did: the sequences it finished, the tokens it processed (a prefill's scheduled
+    tokens, a decode's one per sequence) and whether it was a prefill."""
+    finished: list[Sequence]
+    num_tokens: int
+    is_prefill: bool
+
+
 @patch
-def step(self: LLMEngine) -> tuple[list[Sequence], int]:
-    """One scheduled batch through the model. Returns the sequences that finished and the tokens processed
-    (positive for a prefill step, negative for a decode step, as a hint for throughput meters)."""
+def step(self: LLMEngine) -> StepResult:
+    """One scheduled batch through the model: what it finished and how many tokens it processed."""
     with self.lock:
         observer = self.observer
         observer.step_started(self)
@@ -424,14 +425,14 @@ def step(self: LLMEngine) -> tuple[list[Sequence], int]:
             seqs, is_prefill = self.scheduler.schedule()
         observer.step_scheduled(self, seqs, is_prefill)
         self.mark_scheduled(seqs, is_prefill)
-        num_tokens = sum(seq.num_scheduled_tokens for seq in seqs) if is_prefill else -len(seqs)
+        num_tokens = sum(seq.num_scheduled_tokens for seq in seqs) if is_prefill else len(seqs)
         output = self.model_runner.launch(seqs, is_prefill)
         token_ids = self.model_runner.token_ids(output)
         with observer.part("postprocess"):
             forked = self.fork_requests(output)
             finished = self.record_outputs(output, None, self.scheduler.postprocess(seqs, token_ids), forked)
         observer.step_finished(self, seqs, is_prefill, finished)
-        return finished, num_tokens
+        return StepResult(finished, num_tokens, is_prefill)
 
 
 @patch
@@ -476,9 +477,10 @@ class TokenRate:
         self.window = window
         self.marks = deque([(start, 0, 0)])  # (time, prefill tokens, decode tokens); the first only opens the window
 
-    def update(self, now: float, num_tokens: int) -> dict[str, float]:
-        """Record a step that ended at `now` (`num_tokens` as `step` returns it: > 0 prefill, < 0 decode)."""
-        self.marks.append((now, max(num_tokens, 0), max(-num_tokens, 0)))
+    def update(self, now: float, step: StepResult) -> dict[str, float]:
+        """Record a step that ended at `now` (what `step` returned)."""
+        prefill = step.num_tokens if step.is_prefill else 0
+        self.marks.append((now, prefill, step.num_tokens - prefill))
         while len(self.marks) > 2 and self.marks[1][0] <= now - self.window:
             self.marks.popleft()  # keep one mark at or before the window's start: it times the window
         span = max(now - self.marks[0][0], 1e-9)
@@ -519,7 +521,7 @@ def check_idle(self: LLMEngine) -> None:
         n = len(self.scheduler.waiting) + len(self.scheduler.running)
         raise RuntimeError(f"generate() found {n} request(s) already queued (by add_request, or a stream left "
                            "open); generate returns only its own results, so step those to the end first "
-                           "(`for finished, _ in engine.steps(): ...`) or drop them with engine.abort_all()")
+                           "(`for _ in engine.steps(): pass`) or drop them with engine.abort_all()")
 
 
 def generate_batch(engine: LLMEngine, prompts: Prompt | list[Prompt],
@@ -537,10 +539,10 @@ def generate_batch(engine: LLMEngine, prompts: Prompt | list[Prompt],
         bar = tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
         meter = TokenRate(time.perf_counter())
         try:
-            for finished, num_tokens in engine.steps():
-                rates = meter.update(time.perf_counter(), num_tokens)
+            for step in engine.steps():
+                rates = meter.update(time.perf_counter(), step)
                 bar.set_postfix({kind: f"{rate:.0f}tok/s" for kind, rate in rates.items()}, refresh=False)
-                bar.update(len(finished))
+                bar.update(len(step.finished))
         except BaseException:
             engine.abort_all()  # e.g. Ctrl-C: free every block so the engine serves the next call
             raise
