@@ -474,8 +474,7 @@ def launch(self: ModelRunner, seqs: list[Sequence], is_prefill: bool) -> StepOut
 
 def waiting_forks(seq: Sequence) -> list[Sequence]:
     """The sequences waiting for `seq`'s prompt to finish (a request with n > 1: `LLMEngine` attaches them)."""
-    completion = getattr(seq, "completion", None)  # sequences made outside an engine have none
-    return completion.waiting_forks if completion is not None else []
+    return seq.completion.waiting_forks if seq.completion is not None else []  # a bare sequence has none
 
 
 def copy_kv_blocks(runner: "ModelRunner", pairs: list[tuple[int, int]]) -> None:

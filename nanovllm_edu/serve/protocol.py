@@ -7,7 +7,7 @@ __all__ = ['MAX_LOGPROBS', 'COMPLETION_MAX_TOKENS', 'MAX_PROMPTS', 'SAMPLING_FIE
            'parse_completion_request', 'chat_messages', 'parse_chat_request', 'chat_prompt_ids', 'sampling_params',
            'check_context_length', 'token_text', 'completion_logprobs', 'chat_logprobs', 'choice_logprobs',
            'prompt_text', 'echo_logprobs', 'vllm_prompt_logprobs', 'choice_start', 'shown', 'sse', 'usage', 'joined',
-           'response_body', 'StreamChunks', 'tokenize_body', 'detokenize_body']
+           'response_body', 'StreamChunks', 'check_tokenizer_request', 'tokenize_body', 'detokenize_body']
 
 # %% ../../notebooks/14_serving.ipynb #srv-s1-code
 """OpenAI's request and response bodies (exported from notebooks/14_serving.ipynb): a request body (a dict
@@ -364,8 +364,8 @@ def usage(request: OpenAIRequest, results: list[dict]) -> dict:
     """Token counts of a request's finished prompts (completion tokens: every generated id, an EOS included;
     none when it only scored its prompts)."""
     prompt = sum(len(result["prompt_token_ids"]) for result in results)
-    completion = sum(len(shown(request, out["token_ids"], None, "")[0])
-                     for result in results for out in result["outputs"])
+    completion = 0 if request.score_only else sum(len(out["token_ids"]) for result in results
+                                                  for out in result["outputs"])
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -471,13 +471,18 @@ TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_gen
                    "chat_template_kwargs", "return_token_strs"}
 
 
-def tokenize_body(body, tokenizer, served_model_name: str, max_model_len: int) -> dict:
-    """vLLM's POST /tokenize: a `prompt` (with `add_special_tokens`, default true) or chat `messages` (through
-    the chat template, `add_generation_prompt` default true) -> its token ids, their count and max_model_len."""
-    check_fields(body, TOKENIZE_FIELDS)
+def check_tokenizer_request(body, fields: set, tokenizer, served_model_name: str) -> None:
+    """What /tokenize and /detokenize both check first: known fields, the model's name, a tokenizer to use."""
+    check_fields(body, fields)
     check_model(take(body, "model", (str,), "the served model's name"), served_model_name)
     if tokenizer is None:
         raise APIError("this model has no tokenizer", None)
+
+
+def tokenize_body(body, tokenizer, served_model_name: str, max_model_len: int) -> dict:
+    """vLLM's POST /tokenize: a `prompt` (with `add_special_tokens`, default true) or chat `messages` (through
+    the chat template, `add_generation_prompt` default true) -> its token ids, their count and max_model_len."""
+    check_tokenizer_request(body, TOKENIZE_FIELDS, tokenizer, served_model_name)
     if (body.get("prompt") is None) == (body.get("messages") is None):
         raise APIError("give either prompt (a string) or messages (a chat), not both and not neither", "prompt")
 
@@ -498,10 +503,7 @@ def tokenize_body(body, tokenizer, served_model_name: str, max_model_len: int) -
 
 def detokenize_body(body, tokenizer, served_model_name: str, vocab_size: int) -> dict:
     """vLLM's POST /detokenize: `tokens` (ids in the vocabulary) -> their text as `prompt`."""
-    check_fields(body, {"model", "tokens"})
-    check_model(take(body, "model", (str,), "the served model's name"), served_model_name)
-    if tokenizer is None:
-        raise APIError("this model has no tokenizer", None)
+    check_tokenizer_request(body, {"model", "tokens"}, tokenizer, served_model_name)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(is_int(t) and 0 <= t < vocab_size for t in tokens):
         raise APIError(f"tokens must be a list of token ids in [0, {vocab_size}), got {json.dumps(tokens)[:60]}",
