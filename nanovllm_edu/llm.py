@@ -10,6 +10,9 @@ from .engine.cuda_graph import graphed_forward
 from .engine.model_runner import ModelRunner, NoCarry
 from .engine.tp_worker import tensor_parallel_runner
 
+# Model families: notebook 02's registry. A family beyond Qwen3 registers (register_model) in a module imported
+# here, so that tensor-parallel workers, fresh processes that import this module, can build it too.
+
 
 def build_runner(config: Config, rank: int = 0) -> ModelRunner:
     """The runner `LLM` uses: notebook 08's ModelRunner holding the parts its engine arguments ask for: async

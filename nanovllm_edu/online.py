@@ -18,8 +18,8 @@ from tqdm.auto import tqdm
 
 from .llm import LLM
 from .sampling_params import SamplingParams
-from .engine.async_scheduling import InflightStep, num_pending_tokens
-from .engine.llm_engine import IncrementalDetokenizer
+from .engine.async_scheduling import num_pending_tokens
+from .engine.llm_engine import IncrementalDetokenizer, InflightStep
 from .engine.sequence import Sequence
 
 

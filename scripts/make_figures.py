@@ -142,10 +142,10 @@ def architecture() -> list[Path]:
     ax.text(117.5, 54.6, "engine/ never imports llm.py, online.py, serve/, course/, bench/, labs/", ha="right",
             va="center", fontsize=7.5, style="italic", color="#666666")
     box(3, 44.5, 44, 53, "LLMEngine / AsyncLLMEngine", ["llm_engine.py (08), async_scheduling.py (10)",
-                                                         "generate, steps, record_outputs,",
-                                                         "fork_requests, abort_sequences"])
-    box(3, 29.5, 24, 39, "Scheduler", ["scheduler.py (07): schedule,", "postprocess, abort;",
-                                       "AsyncScheduler (10):", "reserve + commit"], size=7.5)
+                                                         "generate, steps: launch + complete,",
+                                                         "record_outputs, fork, abort"])
+    box(3, 29.5, 24, 39, "Scheduler", ["scheduler.py (07): schedule,", "reserve + commit, abort;",
+                                       "AsyncScheduler (10):", "can_schedule_ahead"], size=7.5)
     box(27, 29.5, 44, 39, "Sequence", ["sequence.py (04)", "tokens, status,", "block_table"], size=7.5)
     box(3, 20, 44, 26.5, "BlockManager / PrefixCachingBlockManager",
         ["block_manager.py (04), prefix_cache.py (06)"], size=7.5)
@@ -171,14 +171,14 @@ def architecture() -> list[Path]:
                                                 "sampling (08)"], "low", size=7.5)
     box(75, 7, 95, 15.5, "layers/", ["backends/: torch,", "triton, flash_attn (04-05)", "Sampler (08)",
                                       "linear, norms, RoPE (02)"], "low", size=7.5)
-    box(99, 7, 117, 15.5, "models/qwen3.py", ["Qwen3ForCausalLM", "Qwen3Model (02)"], "low", size=7.5)
+    box(99, 7, 117, 15.5, "models/", ["registry: model_type", "-> Qwen3ForCausalLM", "qwen3.py (02)"], "low", size=7.5)
     link((40, 58), (62, 53), "build_runner", dx=2, dy=1.2, ha="left")
     # the path of one step
     step(1, (10, 58), (10, 53), "generate -> steps()")
     step(6, (25, 53), (25, 58), "results")
     step(2, (8, 44.5), (8, 39), "schedule")
     step(2, (8, 29.5), (8, 26.5), "blocks")
-    step(6, (17, 44.5), (17, 39), "postprocess |\nreserve + commit")
+    step(6, (17, 44.5), (17, 39), "reserve |\ncommit")
     step(3, (44, 50.5), (53, 50.5), "launch", at=0.5, dx=0, dy=1.4, ha="center")
     step(6, (53, 47), (44, 47), "token_ids\n(wait)", at=0.5, dx=0, dy=-2.2, ha="center")
     step(3, (55, 24), (40, 15.5), "prepare", at=0.55, dx=1.4, dy=-0.3)
@@ -190,10 +190,10 @@ def architecture() -> list[Path]:
     # the legend: the path in words
     legend = ["LLMEngine.generate -> steps() (LLM is an AsyncLLMEngine)",
               "Scheduler.schedule: the batch; it asks the BlockManager for blocks",
-              "ModelRunner.launch: prepare the StepInputs; carry.mark_pending",
+              "LLMEngine.launch -> ModelRunner.launch: StepInputs, SamplingInputs; reserve",
               "ranks.run_step -> execute: the forward part -> Qwen3ForCausalLM -> attention backend -> kernels",
-              "sample: the Sampler (layers/sampler.py), one token per row",
-              "token_ids (wait) -> Scheduler.postprocess (async: reserve + commit) -> record_outputs -> results"]
+              "sample: the Sampler (layers/sampler.py) on the SamplingInputs, one token per row",
+              "LLMEngine.complete: token_ids (wait) -> Scheduler.commit -> record_outputs -> results"]
     for i, text in enumerate(legend):
         x, y = 3 + (i // 3) * 57, 5 - (i % 3) * 1.9
         marker(x, y, i + 1)

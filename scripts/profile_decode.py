@@ -38,6 +38,7 @@ import nanovllm_edu
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.bench import random_weights_checkpoint
 from nanovllm_edu.engine.sequence import Sequence
+from nanovllm_edu.layers.sampler import SamplingInputs
 from nanovllm_edu.utils.step_inputs import StepInputs
 from nanovllm_edu.llm import LLM
 from nanovllm_edu.sampling_params import SamplingParams
@@ -107,7 +108,7 @@ def build_decode_batch(runner, context_lens: np.ndarray, vocab_size: int,
 
 
 def decode_parts(runner, step: StepInputs, seqs: list[Sequence]) -> tuple[dict[str, Callable], bool]:
-    """A decode step's work as functions: prepare() -> sampling dict, forward() -> hidden, logits(hidden),
+    """A decode step's work as functions: prepare() -> SamplingInputs, forward() -> hidden, logits(hidden),
     sample(logits, sampling); and whether the forward replays a CUDA graph."""
     graphs = getattr(runner.forward_pass, "graphs", None)  # None: an eager forward (CPU, enforce_eager)
     use_graph = graphs is not None and graphs.padded_size(len(seqs)) is not None
@@ -115,7 +116,7 @@ def decode_parts(runner, step: StepInputs, seqs: list[Sequence]) -> tuple[dict[s
     def forward() -> torch.Tensor:
         return graphs.run(step) if use_graph else runner.model(step.input_ids, step.positions, step)
 
-    def sample(logits: torch.Tensor, sampling: dict) -> torch.Tensor:
+    def sample(logits: torch.Tensor, sampling: SamplingInputs) -> torch.Tensor:
         return runner.sample(logits, sampling)
 
     return {"prepare": lambda: runner.prepare_sample(seqs), "forward": forward,

@@ -292,3 +292,53 @@ def test_abort_all_frees_everything():
     sched.add(fresh)
     run(sched)
     assert fresh.num_completion_tokens == 2
+
+
+def test_postprocess_is_reserve_then_commit():
+    """One set of finish rules: postprocess's two halves, by hand, finish the same way (notebook 10 calls
+    them a step apart)."""
+    whole, halves = make(), make()
+    for sched in (whole, halves):
+        for s in (seq(5, max_tokens=1), seq(5, max_tokens=9, start=9), seq(5, max_tokens=9, start=20)):
+            sched.add(s)
+    batch, _ = whole.schedule()
+    finished = whole.postprocess(batch, [7, EOS, 8])
+    batch, _ = halves.schedule()
+    pending = halves.reserve(batch)
+    assert [s.token_ids[i] for s, i in pending] == [-1, -1, -1]  # placeholders until the ids arrive
+    assert batch[0].is_finished and batch[0].finish_reason == "length"  # known without the token's value
+    assert halves.commit(pending, [7, EOS, 8]) == [batch[0], batch[1]]
+    assert [(s.token_ids, s.finish_reason) for s in finished] == [(s.token_ids, s.finish_reason) for s in batch[:2]]
+    assert [s.finish_reason for s in batch] == ["length", "stop", None]
+
+
+def test_stop_drops_placeholders_after_the_stop_and_refuses_a_known_later_token():
+    sched = make()
+    s = seq(5, max_tokens=9)
+    sched.add(s)
+    first = sched.reserve(sched.schedule()[0])
+    second = sched.reserve(sched.schedule()[0])  # planned ahead: two placeholders
+    sched.commit(first, [7])
+    sched.stop(s, first[0][1])  # a stop string ended at token 7: the planned token is dropped
+    assert s.completion_token_ids == [7] and s.finish_reason == "stop" and s.block_table == []
+    assert sched.commit(second, [8]) == []  # void
+    t = seq(5, max_tokens=9, start=30)
+    sched.add(t)
+    step(sched)
+    step(sched)
+    with pytest.raises(ValueError, match="not the newest known token"):
+        sched.stop(t, t.num_tokens - 2)
+
+
+@pytest.mark.parametrize("has_blocks", [True, False])
+def test_start_running_admits_a_fork_or_preempts_it(has_blocks):
+    sched = make()
+    child = seq(5, max_tokens=4)
+    sched.block_manager.allocate(child)
+    child.num_computed_tokens = 5  # its prompt is in its blocks (a fork of a running request)
+    sched.start_running(child, 7, has_blocks)
+    assert child.completion_token_ids == [7]
+    if has_blocks:
+        assert list(sched.running) == [child] and child.status == SequenceStatus.RUNNING
+    else:
+        assert list(sched.waiting) == [child] and child.num_preemptions == 1 and child.block_table == []

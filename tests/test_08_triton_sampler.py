@@ -4,8 +4,11 @@ import pytest
 import torch
 
 from nanovllm_edu.kernels.sampling import race_sample
-from nanovllm_edu.layers.sampler import (Sampler, TritonSampler, apply_min_p, apply_penalties, make_sampler,
-                                         top_k_top_p_thresholds)
+import inspect
+from dataclasses import fields
+
+from nanovllm_edu.layers.sampler import (SAMPLER_ARGS, Sampler, SamplingInputs, TritonSampler, apply_min_p,
+                                         apply_penalties, make_sampler, top_k_top_p_thresholds)
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TEMPS = [0.0, 0.6, 1.0, 1.5, 0.6, 2.0, 0.8, 1.0]
@@ -90,6 +93,21 @@ def test_thresholds_keep_what_the_reference_keeps():
         kept = Sampler.apply_top_k_top_p(scaled, kw.get("top_ks"), kw.get("top_ps")) > float("-inf")
         thresholds = top_k_top_p_thresholds(logits, temps, kw.get("top_ks"), kw.get("top_ps"), kw.get("top_k_max"))
         assert torch.equal(kept, logits >= thresholds.unsqueeze(1)), name
+
+
+@pytest.mark.parametrize("sampler", [Sampler, TritonSampler])
+def test_both_samplers_take_the_sampling_inputs_fields_in_order(sampler):
+    args = list(inspect.signature(sampler.forward).parameters)[2:]  # after self and logits
+    assert args == [f.name for f in fields(SamplingInputs)[:SAMPLER_ARGS]]
+
+
+def test_sampling_inputs_draw_the_same_tokens_as_keywords():
+    logits, temps, seeds, positions = mixed_batch(8, 300)
+    inputs = SamplingInputs(temps, top_ks=torch.full((8,), 40), seeds=seeds, positions=positions,
+                            seeded_rows=torch.arange(8), top_k_max=40)
+    by_keywords = Sampler()(logits, temps, top_ks=inputs.top_ks, seeds=seeds, positions=positions,
+                            seeded_rows=inputs.seeded_rows, top_k_max=40)
+    assert torch.equal(Sampler()(logits, *inputs.sampler_args()), by_keywords)
 
 
 def test_make_sampler_picks_the_torch_sampler_on_a_cpu():

@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 
 from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
-from nanovllm_edu.engine.async_scheduling import (PENDING_TOKEN, AsyncPrefixCachingBlockManager, AsyncScheduler,
-                                                  append_placeholder, fill_placeholder, num_pending_tokens)
+from nanovllm_edu.engine.async_scheduling import AsyncPrefixCachingBlockManager, AsyncScheduler, num_pending_tokens
+from nanovllm_edu.course.trace import EngineTrace
 from nanovllm_edu.engine.block_manager import BlockManager
+from nanovllm_edu.engine.observer import StepObserver
 from nanovllm_edu.engine.prefix_cache import compute_block_hash, make_block_manager
-from nanovllm_edu.engine.scheduler import Scheduler
+from nanovllm_edu.engine.scheduler import PENDING_TOKEN, Scheduler, append_placeholder, fill_placeholder
 from nanovllm_edu.engine.sequence import Sequence
 
 from helpers import generate_counting_ahead, without_metrics
@@ -150,3 +151,51 @@ def test_engine_output_is_the_same_with_and_without_async_scheduling(args):
     assert num_ahead > 10, "decode steps should be launched ahead of the previous step's tokens"
     assert without_metrics(outs) == without_metrics(sync)
     assert {o["finish_reason"] for o in outs} == {"stop", "length"}  # EOS stops and length stops both occur
+
+
+def test_the_async_scheduler_keeps_notebook_07s_finish_rules():
+    """Finishing has one owner: the async scheduler adds when to plan ahead, not another set of rules."""
+    assert not {"reserve", "commit", "postprocess", "stop", "_finish"} & set(vars(AsyncScheduler))
+
+
+class EventLog(StepObserver):
+    """Writes down when steps start and finish."""
+
+    def __init__(self, one_step_at_a_time=False):
+        self.one_step_at_a_time, self.events = one_step_at_a_time, []
+
+    def step_started(self, engine):
+        self.events.append("start")
+
+    def step_finished(self, engine, seqs, is_prefill, finished):
+        self.events.append("finish")
+
+
+@pytest.mark.parametrize("one_at_a_time", [False, True])
+def test_observers_watch_the_async_path_unless_they_ask_for_one_step_at_a_time(one_at_a_time):
+    llm = LLM(tiny_model_path(), **SMALL)
+    params = [SamplingParams(temperature=0, max_tokens=m) for m in (5, 40, 17, 64, 30)]
+    plain = llm.generate(PROMPTS, params, use_tqdm=False)
+    with llm.observe(EventLog(one_at_a_time)) as log:
+        watched = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [o["token_ids"] for o in watched] == [o["token_ids"] for o in plain]  # (the second run hits the cache)
+    in_flight, overlaps = 0, 0  # overlaps: steps that started while another was still in flight
+    for event in log.events:
+        overlaps += event == "start" and in_flight > 0
+        in_flight += 1 if event == "start" else -1
+    assert log.events.count("start") == log.events.count("finish") > 10
+    assert (overlaps == 0) if one_at_a_time else (overlaps > 10)
+
+
+def test_the_trace_records_the_async_engine_step_by_step():
+    llm = LLM(tiny_model_path(), **SMALL)
+    params = [SamplingParams(temperature=0, max_tokens=m) for m in (5, 40, 17, 64, 30)]
+    with EngineTrace(llm) as trace:
+        outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    decode_tokens = sum(r.num_tokens for r in trace.records if r.kind == "decode")
+    # every decode row is a token; a row planned past an EOS is void, so rows >= tokens kept
+    assert decode_tokens >= sum(len(o["token_ids"]) for o in outs) - len(outs)
+    assert [r.step for r in trace.records] == list(range(len(trace.records)))
+    assert all(r.seconds >= 0 for r in trace.records)
+    finished = [i for r in trace.records for i in r.finished]
+    assert sorted(finished) == sorted(set(finished)) and len(finished) == len(outs)

@@ -21,8 +21,9 @@ PARTS = ("schedule", "prepare", "forward", "sample", "postprocess", "other")
 class StepTimer(StepObserver):
     """Times the parts of every engine step (an observer: `with llm.observe(StepTimer(llm)) as timer:`).
     On a GPU the forward and sample parts end with a device sync, so each part is charged the GPU work it
-    launched; the engine runs one step at a time while observed, so the CPU parts measured here are the
-    work that async scheduling hides behind the GPU's."""
+    launched. It asks the engine to run one step at a time (a sync in a step planned ahead would wait for
+    two), so the CPU parts measured here are the work that async scheduling hides behind the GPU's."""
+    one_step_at_a_time = True
 
     def __init__(self, llm):
         self.sync = llm.model_runner.device.type == "cuda"

@@ -8,6 +8,7 @@ __all__ = ['StepRecord', 'EngineTrace', 'summarize', 'step_times', 'relabel', 't
 (exported from notebooks/09_watching_the_engine.ipynb)."""
 import json
 import time
+from collections import deque
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -49,15 +50,15 @@ class EngineTrace(StepObserver):
 
     `EngineTrace(llm)` attaches itself at once (`llm.observe(trace)`); `stop()` (or leaving the `with`
     block) detaches it, and the engine is its plain self again. Records accumulate over several start/stop
-    rounds. A trace is an ordinary observer, so it nests with others (a timer, say) in `llm.observe` blocks."""
+    rounds. A trace is an ordinary observer, so it nests with others (a timer, say) in `llm.observe` blocks,
+    and it watches the engine that runs: with async scheduling a step starts before the previous one ends."""
 
     def __init__(self, llm, start: bool = True):
         self.llm = llm
         self.records: list[StepRecord] = []
         self._attached: ExitStack | None = None  # holds the `llm.observe(self)` block while recording
-        self._before: list = []                  # (sequence, its preemption count) when the step started
-        self._start = 0.0
-        self._pending: dict | None = None        # what the step scheduled, until it finishes
+        self._inflight: deque[dict] = deque()   # steps started, not finished: oldest first (they may overlap)
+        self._last_finish = 0.0
         if start:
             self.start()
 
@@ -85,26 +86,27 @@ class EngineTrace(StepObserver):
         self.stop()
 
     def step_started(self, engine) -> None:
-        self._pending, self._start = None, time.perf_counter()
-        self._before = [(seq, seq.num_preemptions) for seq in engine.scheduler.running]
+        # a preempted sequence's counter goes up (it may even be readmitted in the same call)
+        self._inflight.append({"start": time.perf_counter(), "seq_ids": [],
+                               "before": [(seq, seq.num_preemptions) for seq in engine.scheduler.running]})
 
     def step_scheduled(self, engine, seqs: list, is_prefill: bool) -> None:
-        bm = engine.block_manager
-        self._pending = {
-            "kind": "prefill" if is_prefill else "decode", "seq_ids": [s.seq_id for s in seqs],
-            "chunks": [s.num_scheduled_tokens for s in seqs],
-            "used_blocks": bm.num_blocks - bm.num_free_blocks, "total_blocks": bm.num_blocks,
-            # a preempted sequence's counter went up (it may even be readmitted in the same call)
-            "preempted": [seq.seq_id for seq, n in self._before if seq.num_preemptions > n]}
+        bm, step = engine.block_manager, self._inflight[-1]  # the step just started
+        step.update(kind="prefill" if is_prefill else "decode", seq_ids=[s.seq_id for s in seqs],
+                    chunks=[s.num_scheduled_tokens for s in seqs], used_blocks=bm.num_blocks - bm.num_free_blocks,
+                    total_blocks=bm.num_blocks,
+                    preempted=[seq.seq_id for seq, n in step.pop("before") if seq.num_preemptions > n])
 
     def step_finished(self, engine, seqs: list, is_prefill: bool, finished: list) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None and pending["seq_ids"]:
+        step, now = self._inflight.popleft(), time.perf_counter()  # steps finish in the order they started
+        # the step's own time: since it started, or since the previous step finished if they overlapped
+        seconds, self._last_finish = now - max(step.pop("start"), self._last_finish), now
+        step.pop("before", None)
+        if step["seq_ids"]:
             scheduler = engine.scheduler
             self.records.append(StepRecord(
-                step=len(self.records), **pending, num_waiting=len(scheduler.waiting),
-                num_running=len(scheduler.running), finished=[s.seq_id for s in finished],
-                seconds=time.perf_counter() - self._start))
+                step=len(self.records), **step, num_waiting=len(scheduler.waiting),
+                num_running=len(scheduler.running), finished=[s.seq_id for s in finished], seconds=seconds))
 
     def summary(self) -> dict:
         """Deterministic totals of the trace (no timings)."""

@@ -2,7 +2,8 @@
 
 # %% auto #0
 __all__ = ['Prompt', 'TOKENIZER_FILES', 'load_tokenizer', 'StepResult', 'LLMEngine', 'IncrementalDetokenizer', 'StopStrings',
-           'CompletionState', 'RequestMetrics', 'request_metrics', 'TokenRate', 'generate_batch']
+           'CompletionState', 'RequestMetrics', 'request_metrics', 'InflightStep', 'launch_step', 'complete_step',
+           'TokenRate', 'generate_batch']
 
 # %% ../../notebooks/08_engine.ipynb #a2a6dd6f
 import numbers
@@ -25,7 +26,7 @@ from .model_runner import ModelRunner, StepOutput
 from .observer import ObserverGroup, StepObserver
 from .prefix_cache import make_block_manager
 from .scheduler import Scheduler
-from .sequence import Sequence, SequenceStatus
+from .sequence import Sequence
 
 Prompt = str | list[int]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
@@ -68,6 +69,15 @@ class LLMEngine:
     def make_block_manager(self, num_blocks: int):
         """The pool of KV blocks the scheduler hands out (with prefix caching unless it is off)."""
         return make_block_manager(num_blocks, self.config.kvcache_block_size, self.config.enable_prefix_caching)
+
+    def launch(self) -> "InflightStep":
+        """Schedule a batch and start it on the device, with the bookkeeping that needs no token id
+        (`launch_step`, below)."""
+        return launch_step(self)
+
+    def complete(self, step: "InflightStep") -> StepResult:
+        """Wait for a launched step's tokens and commit them (`complete_step`, below)."""
+        return complete_step(self, step)
 
     def steps(self) -> Iterator[StepResult]:
         """Step until every queued request has finished; yields what each `step()` returns (below; notebook
@@ -346,15 +356,15 @@ def add_request(self: LLMEngine, prompt: Prompt, sampling_params: SamplingParams
 
 # %% ../../notebooks/08_engine.ipynb #record-code
 @patch
-def record_outputs(self: LLMEngine, output: StepOutput, pending: list[tuple[Sequence, int]] | None,
+def record_outputs(self: LLMEngine, output: StepOutput, pending: list[tuple[Sequence, int]],
                    finished: list[Sequence], forked: list[tuple[Sequence, int]] = ()) -> list[Sequence]:
-    """After a step's tokens are in (`pending`: each row's sequence and the index of its new token; None:
-    each row's newest token; `forked`: the new sequences `fork_requests` started): keep the logprobs rows asked for, end the sequences whose token is one of
+    """After a step's tokens are in (`pending`: each row's sequence and the index of its new token, from
+    `Scheduler.reserve`; `forked`: the new sequences `fork_requests` started): keep the logprobs rows asked for, end the sequences whose token is one of
     their `stop_token_ids` or completes a `stop` string, free the penalty rows of the finished ones, and stamp
     the new tokens and the finishes in each sequence's metrics.
     Returns every sequence the step finished."""
     finished = list(finished) + [child for child, _ in forked if child.is_finished]
-    rows = (pending or [(seq, seq.num_tokens - 1) for seq in output.seqs]) + list(forked)
+    rows = list(pending) + list(forked)
     now = time.monotonic()
     for seq, index in rows:
         if seq.num_prompt_tokens <= index < seq.num_tokens:  # a new token (not a prompt chunk's, not void)
@@ -402,37 +412,57 @@ def fork_requests(self: LLMEngine, output: StepOutput) -> list[tuple[Sequence, i
         pairs, complete = bm.fork(parent, child, parent.num_prompt_tokens)
         copies += pairs
         child.num_computed_tokens, child.num_cached_tokens = parent.num_prompt_tokens, parent.num_cached_tokens
-        child.status = SequenceStatus.RUNNING
         child.metrics.scheduled(time.monotonic())
-        self.scheduler.running.append(child)
-        self.scheduler.postprocess([child], [token])  # appends the token; EOS or length end it
-        if not complete and not child.is_finished:  # no block was free for the copy
-            self.scheduler.running.remove(child)
-            self.scheduler.preempt(child)  # recomputed later, like any preempted sequence
+        self.scheduler.start_running(child, token, complete)  # preempted at once if no block was free
         started.append((child, child.num_prompt_tokens))
     if copies:
         self.model_runner.copy_blocks(copies)
     return started
 
+# %% ../../notebooks/08_engine.ipynb #launch-code
+@dataclass
+class InflightStep:
+    """A launched step: the scheduled batch, its tokens on their way (`output`) and the placeholders they
+    fill (`pending`, from `Scheduler.reserve`)."""
+    seqs: list[Sequence]
+    is_prefill: bool
+    output: StepOutput
+    pending: list[tuple[Sequence, int]]  # (sequence, index of its placeholder token)
+    num_tokens: int  # tokens processed: a prefill's scheduled tokens, a decode's one per sequence
+
+
+def launch_step(engine: LLMEngine) -> InflightStep:
+    """`LLMEngine.launch`: schedule a batch and start it on the device; reserve its tokens at once, so the
+    next batch can be planned before this one's tokens are known."""
+    observer = engine.observer
+    observer.step_started(engine)
+    with observer.part("schedule"):
+        seqs, is_prefill = engine.scheduler.schedule()
+    observer.step_scheduled(engine, seqs, is_prefill)
+    engine.mark_scheduled(seqs, is_prefill)
+    num_tokens = sum(seq.num_scheduled_tokens for seq in seqs) if is_prefill else len(seqs)
+    output = engine.model_runner.launch(seqs, is_prefill)
+    with observer.part("postprocess"):
+        pending = engine.scheduler.reserve(seqs)
+    return InflightStep(seqs, is_prefill, output, pending, num_tokens)
+
+
+def complete_step(engine: LLMEngine, step: InflightStep) -> StepResult:
+    """`LLMEngine.complete`: wait for a launched step's tokens; fork, commit, record. What it finished."""
+    token_ids = engine.model_runner.token_ids(step.output)
+    with engine.observer.part("postprocess"):
+        forked = engine.fork_requests(step.output)  # n > 1: before an EOS of the parent frees its blocks
+        finished = engine.scheduler.commit(step.pending, token_ids)
+        finished = engine.record_outputs(step.output, step.pending, finished, forked)
+    engine.observer.step_finished(engine, step.seqs, step.is_prefill, finished)
+    return StepResult(finished, step.num_tokens, step.is_prefill)
+
 # %% ../../notebooks/08_engine.ipynb #5cf6d2ba
 @patch
 def step(self: LLMEngine) -> StepResult:
-    """One scheduled batch through the model: what it finished and how many tokens it processed."""
+    """One scheduled batch through the model, waited for: what it finished and how many tokens it processed."""
     with self.lock:
-        observer = self.observer
-        observer.step_started(self)
-        with observer.part("schedule"):
-            seqs, is_prefill = self.scheduler.schedule()
-        observer.step_scheduled(self, seqs, is_prefill)
-        self.mark_scheduled(seqs, is_prefill)
-        num_tokens = sum(seq.num_scheduled_tokens for seq in seqs) if is_prefill else len(seqs)
-        output = self.model_runner.launch(seqs, is_prefill)
-        token_ids = self.model_runner.token_ids(output)
-        with observer.part("postprocess"):
-            forked = self.fork_requests(output)
-            finished = self.record_outputs(output, None, self.scheduler.postprocess(seqs, token_ids), forked)
-        observer.step_finished(self, seqs, is_prefill, finished)
-        return StepResult(finished, num_tokens, is_prefill)
+        return self.complete(self.launch())
 
 
 @patch

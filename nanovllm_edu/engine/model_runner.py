@@ -20,9 +20,10 @@ from torch import Tensor
 from ..config import Config
 from ..layers.backends.base import attach_kv_cache
 from ..layers.backends.registry import get_attention_backend
-from ..layers.sampler import (TokenCounts, apply_min_p, apply_penalties, make_sampler, to_device,
-                                         token_logprobs)
-from ..models.qwen3 import Qwen3ForCausalLM, head_dim_of
+from ..layers.sampler import (PenaltyInputs, SamplingInputs, TokenCounts, apply_min_p, apply_penalties,
+                                         make_sampler, to_device, token_logprobs)
+from ..models.qwen3 import head_dim_of
+from ..models.registry import load_pretrained
 from ..utils.device import resolve_device
 from .observer import StepObserver
 from .sequence import Sequence
@@ -47,8 +48,8 @@ class ModelRunner:
         self.device = device if device is not None else resolve_device(config.device)
         self.block_size = config.kvcache_block_size
         self.observer = StepObserver()  # the engine hands its observer down (notebook 08: StepObserver)
-        self.model = Qwen3ForCausalLM.from_pretrained(config.model, device=self.device, tp_rank=rank,
-                                                      tp_size=self.tp_size)
+        # the family registered for the checkpoint's model_type (notebook 02's registry)
+        self.model = load_pretrained(config.model, device=self.device, tp_rank=rank, tp_size=self.tp_size)
         self.dtype = next(self.model.parameters()).dtype
         self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size)
         self.sampler = make_sampler(self.device)  # one pass over the logits on a GPU
@@ -256,7 +257,7 @@ def prepare_decode(self: ModelRunner, seqs: list[Sequence]) -> StepInputs:
 
 # %% ../../notebooks/08_engine.ipynb #0c693af6
 @patch
-def prepare_sample(self: ModelRunner, seqs: list[Sequence]) -> dict:
+def prepare_sample(self: ModelRunner, seqs: list[Sequence]) -> SamplingInputs:
     """Per-row sampling tensors on the device; top-k/top-p, seeds, penalties, min_p and logprobs only when
     some row asks for them (the sampler then skips that work)."""
     params = [seq.sampling_params for seq in seqs]
@@ -265,32 +266,34 @@ def prepare_sample(self: ModelRunner, seqs: list[Sequence]) -> dict:
     def tensor(data, dtype):
         return to_device(data, dtype, self.device)
 
-    out = {"temperatures": tensor([p.temperature for p in params], torch.float32),
-           "all_greedy": all(p.temperature == 0 for p in params)}
+    out = SamplingInputs(tensor([p.temperature for p in params], torch.float32),
+                         all_greedy=all(p.temperature == 0 for p in params))
     if any(p.top_k != -1 for p in params):
         top_ks = [p.top_k if p.top_k != -1 else vocab for p in params]
-        out["top_ks"], out["top_k_max"] = tensor(top_ks, torch.int64), max(top_ks)
+        out.top_ks, out.top_k_max = tensor(top_ks, torch.int64), max(top_ks)
     if any(p.top_p < 1.0 for p in params):
-        out["top_ps"] = tensor([p.top_p for p in params], torch.float32)
+        out.top_ps = tensor([p.top_p for p in params], torch.float32)
     seeds = [p.seed if p.seed is not None and p.temperature > 0 else -1 for p in params]  # -1: no seed (or greedy)
     if max(seeds) >= 0:  # one pass over the batch when no row is seeded, as for the other fields
-        out["seeds"] = tensor(seeds, torch.int64)
-        out["positions"] = tensor([seq.num_tokens for seq in seqs], torch.int64)
-        out["seeded_rows"] = tensor([i for i, seed in enumerate(seeds) if seed >= 0], torch.int64)
+        out.seeds = tensor(seeds, torch.int64)
+        out.positions = tensor([seq.num_tokens for seq in seqs], torch.int64)
+        out.seeded_rows = tensor([i for i, seed in enumerate(seeds) if seed >= 0], torch.int64)
     if not any(p.penalised or p.min_p or p.logprobs is not None for p in params):
         return out  # the common case, in one pass: none of what follows is asked for
     penalised = [i for i, p in enumerate(params) if p.penalised]
     if penalised:  # the rows' token counts live on the device (TokenCounts), one row per request
-        out["penalties"] = {"batch_rows": tensor(penalised, torch.int64),
-                            "count_rows": self.token_counts.rows([seqs[i] for i in penalised])}
-        for name in ("presence", "frequency", "repetition"):
-            out["penalties"][name] = tensor([getattr(params[i], f"{name}_penalty") for i in penalised], torch.float32)
+        out.penalties = PenaltyInputs(
+            tensor(penalised, torch.int64), self.token_counts.rows([seqs[i] for i in penalised]),
+            *(tensor([getattr(params[i], f"{name}_penalty") for i in penalised], torch.float32)
+              for name in ("presence", "frequency", "repetition")))
     if any(p.min_p > 0 for p in params):
-        out["min_ps"] = tensor([p.min_p for p in params], torch.float32)
+        out.min_ps = tensor([p.min_p for p in params], torch.float32)
     wants_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
     if wants_logprobs:
-        out["logprobs"] = (tensor(wants_logprobs, torch.int64), max(params[i].logprobs for i in wants_logprobs))
+        out.logprob_rows = tensor(wants_logprobs, torch.int64)
+        out.logprob_k = max(params[i].logprobs for i in wants_logprobs)
     return out
+
 
 # %% ../../notebooks/08_engine.ipynb #pl-code
 @dataclass
@@ -358,34 +361,32 @@ def forward(self: ModelRunner, step: StepInputs) -> Tensor | None:
 
 
 @patch
-def sample(self: ModelRunner, logits: Tensor | None, sampling: dict | None) -> Tensor | None:
+def sample(self: ModelRunner, logits: Tensor | None, sampling: SamplingInputs | None) -> Tensor | None:
     """One token per row of `logits` (a rank without logits samples nothing). Penalties and min_p change the
     rows that ask for them first; the logprobs rows ask for are kept in `sampled_logprobs` for `launch`."""
     if logits is None:
         return None
-    sampling = dict(sampling)
-    penalties, min_ps, logprobs = (sampling.pop(key, None) for key in ("penalties", "min_ps", "logprobs"))
-    raw = logits
+    raw, penalties = logits, sampling.penalties
     if penalties is not None:
-        rows, count_rows = penalties["batch_rows"], penalties["count_rows"]
+        rows, count_rows = penalties.batch_rows, penalties.count_rows
         logits = logits.float().clone()
         logits[rows] = apply_penalties(logits[rows], self.token_counts.counts[count_rows],
-                                       self.token_counts.prompt_seen[count_rows], penalties["presence"],
-                                       penalties["frequency"], penalties["repetition"])
-    if min_ps is not None:
-        logits = apply_min_p(logits.float(), sampling["temperatures"], min_ps)
-    tokens = self.sampler(logits, **sampling)
+                                       self.token_counts.prompt_seen[count_rows], penalties.presence,
+                                       penalties.frequency, penalties.repetition)
+    if sampling.min_ps is not None:
+        logits = apply_min_p(logits.float(), sampling.temperatures, sampling.min_ps)
+    tokens = self.sampler(logits, *sampling.sampler_args())
     if penalties is not None:
         self.token_counts.add(count_rows, tokens[rows])
-    if logprobs is not None:
-        rows, k = logprobs
-        self.sampled_logprobs = (rows, *token_logprobs(raw[rows], tokens[rows], k))
+    if sampling.logprob_rows is not None:
+        rows = sampling.logprob_rows
+        self.sampled_logprobs = (rows, *token_logprobs(raw[rows], tokens[rows], sampling.logprob_k))
     return tokens
 
 
 @patch
 @torch.inference_mode()
-def execute(self: ModelRunner, step: StepInputs, sampling: dict | None = None) -> Tensor | None:
+def execute(self: ModelRunner, step: StepInputs, sampling: SamplingInputs | None = None) -> Tensor | None:
     """This rank's part of a step, launched without waiting: inputs to the device, forward, sampling.
     Returns the sampled tokens on the device (None on a rank that does not sample)."""
     with self.observer.part("prepare"):

@@ -14,8 +14,10 @@ class StepObserver:
     """Watches an engine's steps; this base class watches nothing. The engine calls `step_started`, then
     `part(name)` around each part of the step (STEP_PARTS; the model runner reports prepare, forward and
     sample), `step_scheduled` once the batch is known and `step_finished` at the end. Attach one with
-    `engine.observe(observer)` (observers attached inside one another's blocks all watch); while any is
-    attached the engine runs one step at a time."""
+    `engine.observe(observer)` (observers attached inside one another's blocks all watch). Steps may overlap
+    (notebook 10) and finish in the order they started, unless an attached observer asks for
+    `one_step_at_a_time`."""
+    one_step_at_a_time = False  # True: the engine waits for each step before it starts the next
 
     def part(self, name: str) -> AbstractContextManager:
         return _NOTHING
@@ -35,6 +37,7 @@ class ObserverGroup(StepObserver):
 
     def __init__(self, observers: list[StepObserver]):
         self.observers = list(observers)
+        self.one_step_at_a_time = any(observer.one_step_at_a_time for observer in self.observers)
 
     @contextmanager
     def part(self, name: str):

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['PACKED_MODULES_MAPPING', 'head_dim_of', 'make_rope', 'Qwen3Attention', 'Qwen3MLP', 'Qwen3DecoderLayer', 'Qwen3Model',
-           'safetensors_shapes', 'check_checkpoint_shapes', 'Qwen3ForCausalLM']
+           'safetensors_shapes', 'check_checkpoint_shapes', 'build_pretrained', 'Qwen3ForCausalLM']
 
 # %% ../../notebooks/02_qwen3_model.ipynb #612e82e7
 from pathlib import Path
@@ -131,6 +131,8 @@ class Qwen3Model(nn.Module):
         return hidden_states
 
 # %% ../../notebooks/02_qwen3_model.ipynb #2ac9ecd2
+from typing import Callable
+
 from safetensors import safe_open
 
 
@@ -160,6 +162,30 @@ def check_checkpoint_shapes(hf_config, path: str | Path) -> None:
             if got != expected:
                 raise ValueError(f"tensor {name!r} has shape {shapes[name]}, i.e. {field} {got}, but "
                                  f"config.json says {field}={expected}{fix}")
+
+
+def build_pretrained(model_class: type[nn.Module], load_weights: Callable[[nn.Module, str | Path], None],
+                     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None,
+                     tp_rank: int = 0, tp_size: int = 1) -> nn.Module:
+    """`model_class(hf_config, tp_rank, tp_size)` for a checkpoint folder, built on `device` in `dtype` (the
+    checkpoint's by default), filled by `load_weights(model, path)`, in eval mode."""
+    path = Path(path)
+    if path.is_file():
+        raise FileNotFoundError(f"{path} is a file, not a model folder; pass the folder that holds "
+                                f"config.json and *.safetensors (perhaps {path.parent})")
+    if not path.is_dir():
+        raise FileNotFoundError(f"no model folder at {path}")
+    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
+        raise FileNotFoundError(f"{path} needs config.json and *.safetensors weights (a Hugging Face checkpoint folder)")
+    hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    check_checkpoint_shapes(hf_config, path)  # config vs weights, by name, before building anything
+    dtype = (getattr(torch, dtype) if isinstance(dtype, str) else dtype) or checkpoint_dtype(hf_config)
+    # build directly on the device, in the dtype: no float32 copy of the weights first. default_dtype
+    # holds a lock (the default dtype is process-global), so only the construction sits inside it
+    with torch.device(device), default_dtype(dtype):
+        model = model_class(hf_config, tp_rank, tp_size)
+    load_weights(model, path)
+    return model.eval()
 
 # %% ../../notebooks/02_qwen3_model.ipynb #b2f0b576
 class Qwen3ForCausalLM(nn.Module):
@@ -201,23 +227,4 @@ class Qwen3ForCausalLM(nn.Module):
                         tp_size: int = 1) -> "Qwen3ForCausalLM":
         """Load a Qwen3 checkpoint folder (config.json + *.safetensors), eval mode, its own dtype by default.
         With tp_size > 1 every rank reads the full checkpoint and keeps its own shard (notebook 12)."""
-        path = Path(path)
-        if path.is_file():
-            raise FileNotFoundError(f"{path} is a file, not a model folder; pass the folder that holds "
-                                    f"config.json and *.safetensors (perhaps {path.parent})")
-        if not path.is_dir():
-            raise FileNotFoundError(f"no model folder at {path}")
-        if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
-            raise FileNotFoundError(f"{path} needs config.json and *.safetensors weights "
-                                    "(a Hugging Face checkpoint folder)")
-        hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
-        check_checkpoint_shapes(hf_config, path)  # config vs weights, by name, before building anything
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
-        dtype = dtype or checkpoint_dtype(hf_config)
-        # build directly on the device, in the dtype: no float32 copy of the weights first. default_dtype
-        # holds a lock (the default dtype is process-global), so only the construction sits inside it
-        with torch.device(device), default_dtype(dtype):
-            model = cls(hf_config, tp_rank, tp_size)
-        load_model(model, path)
-        return model.eval()
+        return build_pretrained(cls, load_model, path, device, dtype, tp_rank, tp_size)
