@@ -204,6 +204,19 @@ def commit(self: Scheduler, pending: list[tuple[Sequence, int]], token_ids: list
     return finished
 
 
+def stop_sequence(scheduler: Scheduler, seq: Sequence, index: int) -> None:
+    """`Scheduler.stop`: end `seq` with "stop" after its newest known token, `index`; drop placeholders after."""
+    if any(token != PENDING_TOKEN for token in seq.token_ids[index + 1:]):
+        raise ValueError(f"stop: token {index} is not the newest known token of sequence {seq.seq_id} "
+                         f"({seq.num_tokens} tokens)")
+    del seq.token_ids[index + 1:]
+    seq.num_tokens, seq.last_token = index + 1, seq.token_ids[index]
+    if seq.is_finished:  # it reached its length with this very token: the stop names the reason
+        seq.finish_reason = "stop"
+    else:
+        scheduler._finish(seq, "stop")
+
+
 @patch
 def postprocess(self: Scheduler, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
     """Advance `seqs` after a step whose tokens are known: `reserve`, then `commit`. `token_ids` holds a token
@@ -247,20 +260,6 @@ def abort_all(self: Scheduler) -> None:
     self.abort()
 
 # %% ../../notebooks/07_scheduler.ipynb #stop-code
-def stop_sequence(scheduler: Scheduler, seq: Sequence, index: int) -> None:
-    """`Scheduler.stop`: end `seq` with "stop" after its token at `index` (its newest known one), a stop
-    token or string; the placeholders planned after it are dropped."""
-    if any(token != PENDING_TOKEN for token in seq.token_ids[index + 1:]):
-        raise ValueError(f"stop: token {index} is not the newest known token of sequence {seq.seq_id} "
-                         f"({seq.num_tokens} tokens)")
-    del seq.token_ids[index + 1:]
-    seq.num_tokens, seq.last_token = index + 1, seq.token_ids[index]
-    if seq.is_finished:  # it reached its length with this very token: the stop names the reason
-        seq.finish_reason = "stop"
-    else:
-        scheduler._finish(seq, "stop")
-
-
 @patch
 def start_running(self: Scheduler, seq: Sequence, token_id: int, has_blocks: bool) -> None:
     """Run `seq`, whose prompt is already in its blocks (a fork, notebook 08), from its first token `token_id`
