@@ -7,8 +7,9 @@
   deterministic) and writes figures/trace_tiny_cpu.json (the trace, without wall times) and .png.
 - cuda_graphs: redraws figures/cuda_graphs.png from the committed H200 measurements in
   figures/cuda_graphs.json (re-measuring them needs a GPU: scripts/gpu_suite.sh).
-- tp_scaling: draws figures/tp_scaling.png from the committed benchmark records figures/bench_*.json
-  (throughput against GPUs, collectives per decode step; measuring them: scripts/gpu_suite.sh tp).
+- tp_scaling: draws figures/tp_scaling.png from the committed benchmark records of the one day tensor
+  parallelism was measured, figures/runs/history/2026-11-29/bench_*.json (throughput against GPUs, with that
+  day's TP=1; collectives per decode step; measuring them: scripts/gpu_suite.sh tp).
 - architecture: draws figures/diagrams/architecture.png, the map of docs/architecture.md: which module owns
   what (engine/, the runner's three parts, the layers below) and the numbered path of one decode step.
 """
@@ -73,7 +74,7 @@ def tp_scaling() -> list[Path]:
     """Tensor-parallel scaling and the collectives' cost per step, from the committed GPU benchmark records."""
     from nanovllm_edu.bench.plots import load_records, plot_tp_scaling, scaling_runs
 
-    records = load_records(FIGURES)
+    records = load_records(FIGURES / "runs" / "history" / "2026-11-29")  # TP=2 and its same-day TP=1
     if len(scaling_runs(records)) < 2:
         print("skipped tp_scaling: needs GPU benchmark records with --tensor-parallel-size > 1 "
               "(scripts/gpu_suite.sh tp)")
