@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from nanovllm_edu import LLM
+from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.bench import StepTimer
 from nanovllm_edu.engine.observer import ObserverGroup, StepObserver
@@ -132,3 +132,13 @@ def test_make_figures_reproduces_the_committed_trace(tmp_path, monkeypatch):
         json.loads((ROOT / "figures" / "trace_tiny_cpu.json").read_text())
     records, _ = trace_tiny_cpu()
     assert summarize(records)["preemptions"] > 0
+
+
+def test_a_step_in_flight_when_the_trace_attaches_is_not_recorded(small):
+    small.add_request("Return the", SamplingParams(temperature=0, max_tokens=3))
+    inflight = small.launch()  # the engine is mid-step (async scheduling launches one ahead) ...
+    with EngineTrace(small) as trace:  # ... when the trace attaches
+        small.complete(inflight)
+        while not small.is_finished():
+            small.step()
+    assert [r.kind for r in trace.records] == ["decode", "decode"]

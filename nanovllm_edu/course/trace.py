@@ -98,6 +98,8 @@ class EngineTrace(StepObserver):
                     preempted=[seq.seq_id for seq, n in step.pop("before") if seq.num_preemptions > n])
 
     def step_finished(self, engine, seqs: list, is_prefill: bool, finished: list) -> None:
+        if not self._inflight:  # the step started before the trace attached: not recorded
+            return
         step, now = self._inflight.popleft(), time.perf_counter()  # steps finish in the order they started
         # the step's own time: since it started, or since the previous step finished if they overlapped
         seconds, self._last_finish = now - max(step.pop("start"), self._last_finish), now
