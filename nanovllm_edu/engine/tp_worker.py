@@ -16,7 +16,6 @@ import signal
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist

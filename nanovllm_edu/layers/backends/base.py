@@ -6,7 +6,6 @@ __all__ = ['AttentionBackend', 'PagedAttention', 'attach_kv_cache']
 # %% ../../../notebooks/04_paged_blocks.ipynb #f99bda05
 from abc import ABC, abstractmethod
 
-import torch
 from torch import Tensor, nn
 
 from ...utils.step_inputs import StepInputs
