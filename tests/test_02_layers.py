@@ -1,5 +1,5 @@
-"""Notebook 02: each layer against transformers' own module on the same weights, plus the layers'
-tensor-parallel slicing, the weight loaders, the attention context and the attention dispatch."""
+"""Notebook 02: each layer against transformers' own module on the same weights, plus the weight loaders,
+the layer factory, the attention context and the attention dispatch."""
 import copy
 from types import SimpleNamespace
 
@@ -13,16 +13,10 @@ from nanovllm_edu.layers.activation import SiluAndMul
 from nanovllm_edu.utils.step_inputs import StepInputs
 from nanovllm_edu.layers.attention import Attention, causal_attention
 from nanovllm_edu.layers.backends.base import PagedAttention, attach_kv_cache
-from nanovllm_edu.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
+from nanovllm_edu.layers.embed_head import Embedding, LMHead
+from nanovllm_edu.layers.factory import LayerFactory
 from nanovllm_edu.layers.layernorm import RMSNorm
-from nanovllm_edu.layers.linear import (
-    ColumnParallelLinear,
-    MergedColumnParallelLinear,
-    QKVParallelLinear,
-    ReplicatedLinear,
-    RowParallelLinear,
-    divide,
-)
+from nanovllm_edu.layers.linear import Linear, MergedLinear, QKVLinear
 from nanovllm_edu.layers.rotary_embedding import RotaryEmbedding, apply_rotary_emb, get_rope_theta
 from nanovllm_edu.models.qwen3 import (
     PACKED_MODULES_MAPPING,
@@ -127,104 +121,48 @@ def test_rotary_cache_is_float32_and_relative():
 
 # ---- linear layers ----
 
-def test_divide():
-    assert divide(12, 4) == 3
-    with pytest.raises(AssertionError):
-        divide(10, 4)
-
-
 def test_qkv_matches_hf_projections(hf):
     attn, x, cfg = hf.model.layers[0].self_attn, tokens(hf), hf.config
-    qkv = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads)
+    qkv = QKVLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads)
     for shard_id, proj in [("q", attn.q_proj), ("k", attn.k_proj), ("v", attn.v_proj)]:
         qkv.weight.weight_loader(qkv.weight, proj.weight, shard_id)
     assert_close(qkv(x), torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], dim=-1))
 
 
-@pytest.mark.parametrize("tp_size", [2])
-def test_qkv_tensor_parallel_slices_whole_heads(hf, tp_size):
-    attn, x, cfg = hf.model.layers[0].self_attn, tokens(hf), hf.config
-    d = cfg.head_dim
-    for rank in range(tp_size):
-        qkv = QKVParallelLinear(cfg.hidden_size, d, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                tp_rank=rank, tp_size=tp_size)
-        assert qkv.num_heads == cfg.num_attention_heads // tp_size
-        assert qkv.num_kv_heads == cfg.num_key_value_heads // tp_size
-        for shard_id, proj in [("q", attn.q_proj), ("k", attn.k_proj), ("v", attn.v_proj)]:
-            qkv.weight.weight_loader(qkv.weight, proj.weight, shard_id)
-        q, k, v = qkv(x).split([qkv.num_heads * d, qkv.num_kv_heads * d, qkv.num_kv_heads * d], dim=-1)
-        qh, kvh = qkv.num_heads * d, qkv.num_kv_heads * d
-        assert_close(q, attn.q_proj(x)[:, rank * qh:(rank + 1) * qh])
-        assert_close(k, attn.k_proj(x)[:, rank * kvh:(rank + 1) * kvh])
-        assert_close(v, attn.v_proj(x)[:, rank * kvh:(rank + 1) * kvh])
-
-
-@pytest.mark.parametrize("tp_size", [1, 2])
-def test_merged_column_parallel(hf, tp_size):
+def test_merged_linear_matches_hf_gate_and_up(hf):
     mlp, x = hf.model.layers[0].mlp, tokens(hf)
     inter = hf.config.intermediate_size
-    shard = inter // tp_size
-    for rank in range(tp_size):
-        layer = MergedColumnParallelLinear(hf.config.hidden_size, [inter, inter],
-                                           tp_rank=rank, tp_size=tp_size)
-        layer.weight.weight_loader(layer.weight, mlp.gate_proj.weight, 0)
-        layer.weight.weight_loader(layer.weight, mlp.up_proj.weight, 1)
-        gate, up = layer(x).chunk(2, dim=-1)
-        assert_close(gate, mlp.gate_proj(x)[:, rank * shard:(rank + 1) * shard])
-        assert_close(up, mlp.up_proj(x)[:, rank * shard:(rank + 1) * shard])
+    layer = MergedLinear(hf.config.hidden_size, [inter, inter])
+    layer.weight.weight_loader(layer.weight, mlp.up_proj.weight, 1)  # any order: each part has its offset
+    layer.weight.weight_loader(layer.weight, mlp.gate_proj.weight, 0)
+    gate, up = layer(x).chunk(2, dim=-1)
+    assert_close(gate, mlp.gate_proj(x))
+    assert_close(up, mlp.up_proj(x))
 
 
-def test_column_and_replicated_linear_with_bias():
+def test_linear_with_bias():
     gen = torch.Generator().manual_seed(0)
     w, b = torch.randn(8, 6, generator=gen), torch.randn(8, generator=gen)
     x = torch.randn(3, 6, generator=gen)
-    full = F.linear(x, w, b)
-    rep = ReplicatedLinear(6, 8, bias=True)
-    rep.weight.weight_loader(rep.weight, w)
-    rep.bias.weight_loader(rep.bias, b)
-    assert_close(rep(x), full)
-    outs = []
-    for rank in range(2):
-        col = ColumnParallelLinear(6, 8, bias=True, tp_rank=rank, tp_size=2)
-        col.weight.weight_loader(col.weight, w)
-        col.bias.weight_loader(col.bias, b)
-        outs.append(col(x))
-    assert_close(torch.cat(outs, dim=-1), full)
-
-
-def test_row_parallel_partial_sums(hf):
-    attn, cfg = hf.model.layers[0].self_attn, hf.config
-    n_in = cfg.num_attention_heads * cfg.head_dim
-    x = torch.randn(5, n_in, generator=torch.Generator().manual_seed(4))
-    full = RowParallelLinear(n_in, cfg.hidden_size)
-    full.weight.weight_loader(full.weight, attn.o_proj.weight)
-    assert_close(full(x), attn.o_proj(x))
-    partial = []
-    for rank in range(2):
-        row = RowParallelLinear(n_in, cfg.hidden_size, tp_rank=rank, tp_size=2)
-        row.weight.weight_loader(row.weight, attn.o_proj.weight)
-        partial.append(F.linear(x[:, rank * row.input_size:(rank + 1) * row.input_size], row.weight))
-    assert_close(sum(partial), attn.o_proj(x))
-
-
-def test_row_parallel_bias_is_loaded_whole():
-    row = RowParallelLinear(8, 4, bias=True, tp_rank=1, tp_size=2)
-    b = torch.arange(4.0)
-    row.bias.weight_loader(row.bias, b)
-    assert torch.equal(row.bias, b)
+    layer = Linear(6, 8, bias=True)
+    layer.weight.weight_loader(layer.weight, w)
+    layer.bias.weight_loader(layer.bias, b)
+    assert_close(layer(x), F.linear(x, w, b))
 
 
 def test_weight_loader_rejects_wrong_shapes():
-    layer = ColumnParallelLinear(6, 8)
+    layer = Linear(6, 8)
     with pytest.raises(AssertionError, match="shape mismatch"):
         layer.weight.weight_loader(layer.weight, torch.randn(8, 5))
-    rep = ReplicatedLinear(6, 8)
     with pytest.raises(AssertionError, match="shape mismatch"):
-        rep.weight.weight_loader(rep.weight, torch.randn(1, 6))  # copy_ alone would broadcast this
+        layer.weight.weight_loader(layer.weight, torch.randn(1, 6))  # copy_ alone would broadcast this
+    qkv = QKVLinear(8, 2, 2, 1)
+    with pytest.raises(AssertionError, match="shape mismatch"):
+        qkv.weight.weight_loader(qkv.weight, torch.randn(4, 8), "k")  # k holds one head: 2 rows
 
 
 def test_weight_loader_converts_dtype():
-    layer = ReplicatedLinear(4, 4)
+    layer = Linear(4, 4)
     w = torch.randn(4, 4).to(torch.bfloat16)
     layer.weight.weight_loader(layer.weight, w)
     assert layer.weight.dtype == torch.float32 and torch.equal(layer.weight, w.float())
@@ -235,33 +173,49 @@ def test_weight_loader_converts_dtype():
 def test_embedding_and_lm_head_match_hf(hf):
     cfg = hf.config
     ids = torch.tensor([0, 5, cfg.vocab_size - 1, 100, 5])
-    embed = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+    embed = Embedding(cfg.vocab_size, cfg.hidden_size)
     embed.weight.weight_loader(embed.weight, hf.model.embed_tokens.weight)
     assert_close(embed(ids), hf.model.embed_tokens(ids))
-    head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+    head = LMHead(cfg.vocab_size, cfg.hidden_size)
     head.weight.weight_loader(head.weight, hf.lm_head.weight)
     x = tokens(hf)
     assert_close(head(x), hf.lm_head(x))
 
 
-@pytest.mark.parametrize("tp_size", [2, 4])
-def test_vocab_parallel_embedding_ranks_sum_to_full(hf, tp_size):
-    cfg = hf.config
-    ids = torch.randint(0, cfg.vocab_size, (17,), generator=torch.Generator().manual_seed(5))
-    ranks = [VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp_rank=r, tp_size=tp_size)
-             for r in range(tp_size)]
-    for r in ranks:
-        r.weight.weight_loader(r.weight, hf.model.embed_tokens.weight)
-    assert ranks[-1].vocab_end_idx == cfg.vocab_size
-    assert_close(sum(r.embed_local(ids) for r in ranks), hf.model.embed_tokens(ids))
-    # and the LM-head slices are this rank's columns of the full logits
-    x = tokens(hf)
-    full = hf.lm_head(x)
-    heads = [ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp_rank=r, tp_size=tp_size)
-             for r in range(tp_size)]
-    for h in heads:
-        h.weight.weight_loader(h.weight, hf.lm_head.weight)
-    assert_close(torch.cat([F.linear(x, h.weight) for h in heads], dim=-1), full)
+# ---- the layer factory ----
+
+def test_model_builds_its_layers_through_the_factory():
+    """Every weight-holding layer comes from the factory, by role: a factory that records its calls sees
+    each role the expected number of times, and its layers are the ones in the model."""
+    cfg = make_random_hf_qwen3(**SHAPES[0], num_layers=2).config
+    calls = []
+
+    class Recording(LayerFactory):
+        def qkv_linear(self, *args):
+            calls.append("qkv")
+            return super().qkv_linear(*args)
+
+        def merged_linear(self, *args):
+            calls.append("merged")
+            return super().merged_linear(*args)
+
+        def output_linear(self, *args):
+            calls.append("output")
+            return super().output_linear(*args)
+
+        def embedding(self, *args):
+            calls.append("embedding")
+            return super().embedding(*args)
+
+        def lm_head(self, *args):
+            calls.append("lm_head")
+            return super().lm_head(*args)
+
+    model = Qwen3ForCausalLM(cfg, Recording())
+    assert sorted(calls) == sorted(["embedding", "lm_head"] + ["qkv", "merged", "output", "output"] * 2)
+    layer = model.model.layers[1]
+    assert type(layer.self_attn.qkv_proj) is QKVLinear and type(layer.mlp.down_proj) is Linear
+    assert type(model.lm_head) is LMHead
 
 
 # ---- attention ----
@@ -400,12 +354,3 @@ def test_packed_modules_mapping_is_the_spec():
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
-def test_tp_constructor_arguments_shard_the_model():
-    cfg = make_random_hf_qwen3(**SHAPES[0], num_layers=1).config
-    model = Qwen3ForCausalLM(cfg, tp_rank=1, tp_size=2)
-    attn = model.model.layers[0].self_attn
-    assert attn.attn.num_heads == 2 and attn.attn.num_kv_heads == 1
-    assert attn.o_proj.weight.shape == (64, 32) and attn.o_proj.tp_rank == 1
-    embed = model.model.embed_tokens
-    assert embed.weight.shape == (128, 64) and embed.vocab_start_idx == 128
-    assert model.model.layers[0].mlp.down_proj.weight.shape == (64, 64)

@@ -20,6 +20,7 @@ from torch import Tensor
 from ..config import Config
 from ..layers.backends.base import attach_kv_cache
 from ..layers.backends.registry import get_attention_backend
+from ..layers.factory import LayerFactory
 from ..layers.sampler import (PenaltyInputs, SamplingInputs, TokenCounts, apply_min_p, apply_penalties,
                                          make_sampler, to_device, token_logprobs)
 from ..models.qwen3 import head_dim_of
@@ -49,7 +50,7 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         self.observer = StepObserver()  # the engine hands its observer down (notebook 08: StepObserver)
         # the family registered for the checkpoint's model_type (notebook 02's registry)
-        self.model = load_pretrained(config.model, device=self.device, tp_rank=rank, tp_size=self.tp_size)
+        self.model = load_pretrained(config.model, device=self.device, layers=self.ranks.layer_factory())
         self.dtype = next(self.model.parameters()).dtype
         self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size)
         self.sampler = make_sampler(self.device)  # one pass over the logits on a GPU
@@ -67,8 +68,16 @@ class ModelRunner:
 
 # %% ../../notebooks/08_engine.ipynb #runner-parts-code
 class LocalRanks:
-    """Where a step's ranks run: here, one rank in this process. The interface the runner uses; notebook 12's
-    tensor-parallel ranks run the same calls on worker processes too."""
+    """Where a step's ranks run: here, one rank in this process, its model built by `layers` (notebook 02's
+    plain layers by default). The interface the runner uses; notebook 12's tensor-parallel ranks run the
+    same calls on worker processes too."""
+
+    def __init__(self, layers: LayerFactory | None = None):
+        self.layers = layers or LayerFactory()
+
+    def layer_factory(self) -> LayerFactory:
+        """How this rank builds the model's layers."""
+        return self.layers
 
     def run_step(self, run_local: Callable[[], Tensor | None], step: StepInputs) -> Tensor | None:
         """Run this rank's part of a step (other ranks would get `step` first)."""
@@ -94,6 +103,7 @@ class LocalRanks:
         """Stop the other ranks (there are none)."""
 
 
+# %% ../../notebooks/08_engine.ipynb #carry-forward-code
 class NoCarry:
     """What a step hands the next: nothing, when every step waits for the tokens of the one before. Notebook
     10's async scheduling launches a step before them, so it carries the sampled tokens on the device."""

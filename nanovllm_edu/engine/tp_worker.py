@@ -2,9 +2,10 @@
 
 # %% auto #0
 __all__ = ['TP_TIMEOUT_S', 'STARTUP_TIMEOUT_S', 'WAIT_POLL_S', 'MAIN_GUARD_EXIT_CODE', 'MAIN_GUARD_HELP', 'WorkerDiedError',
-           'check_tp_devices', 'rank_device', 'init_process_group', 'worker_main', 'leave_process_group',
-           'shutdown_workers', 'MissingMainGuardError', 'importing_main_for_spawn', 'refuse_unguarded_start',
-           'WorkerGroup', 'DeferredInterrupt', 'TensorParallelRanks', 'tensor_parallel_runner']
+           'check_tp_devices', 'rank_device', 'init_process_group', 'worker_main', 'shard_runner',
+           'leave_process_group', 'shutdown_workers', 'MissingMainGuardError', 'importing_main_for_spawn',
+           'refuse_unguarded_start', 'WorkerGroup', 'DeferredInterrupt', 'TensorParallelRanks',
+           'tensor_parallel_runner']
 
 # %% ../../notebooks/12_tensor_parallel.ipynb #7e32724a
 import datetime
@@ -22,7 +23,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..config import Config
-from .model_runner import ModelRunner
+from .model_runner import LocalRanks, ModelRunner
+from ..layers.parallel import TensorParallelLayers
 from ..utils.step_inputs import StepInputs
 from ..utils.device import resolve_device
 
@@ -96,6 +98,13 @@ def worker_main(config: Config, rank: int, port: int, conn: mp.connection.Connec
             runner.exit()  # its CUDA graphs hold NCCL kernels: they go before the process group does
         del runner
         leave_process_group(graceful=told_to_exit)
+
+
+def shard_runner(config: Config, rank: int) -> ModelRunner:
+    """Rank `rank`'s runner holding its shard of the model and nothing else of tensor parallelism (no
+    workers of its own): the runner steps 4 to 6 drive by hand. Step 7 builds the engine's."""
+    layers = TensorParallelLayers(rank, config.tensor_parallel_size)
+    return ModelRunner(config, rank, ranks=LocalRanks(layers))
 
 # %% ../../notebooks/12_tensor_parallel.ipynb #058f8cae
 def leave_process_group(graceful: bool = True) -> None:
@@ -344,8 +353,12 @@ class TensorParallelRanks:
     all-reduces. Under async scheduling rank 0 broadcasts each step's sampled tokens, so every rank can
     gather the next step's pending inputs itself."""
 
-    def __init__(self, workers: WorkerGroup | None, share_sampled: bool):
+    def __init__(self, workers: WorkerGroup | None, share_sampled: bool, rank: int, world_size: int):
         self.workers, self.share = workers, share_sampled  # workers: on rank 0 only
+        self.rank, self.world_size = rank, world_size
+
+    def layer_factory(self) -> TensorParallelLayers:
+        return TensorParallelLayers(self.rank, self.world_size)  # this rank's shard of every weight
 
     def run_step(self, run_local, step: StepInputs):
         return run_local() if self.workers is None else self.workers.run_step(run_local, step)
@@ -381,7 +394,7 @@ def tensor_parallel_runner(config: Config, rank: int, build_runner: Callable, **
     check_tp_devices(config.tensor_parallel_size, device)  # before any process starts
     device = rank_device(device, rank)  # cuda:rank, made current before NCCL starts
     workers = WorkerGroup(config, device, build_runner) if rank == 0 else None
-    ranks = TensorParallelRanks(workers, share_sampled=config.async_scheduling)
+    ranks = TensorParallelRanks(workers, config.async_scheduling, rank, config.tensor_parallel_size)
     try:
         return ModelRunner(config, rank, device, ranks=ranks, **parts)
     except BaseException:

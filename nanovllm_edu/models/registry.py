@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..config import MODEL_TYPES, check_model_folder
+from ..layers.factory import LayerFactory
 from .qwen3 import Qwen3ForCausalLM, build_pretrained
 from ..utils.loader import load_model
 
@@ -19,7 +20,7 @@ from ..utils.loader import load_model
 @dataclass(frozen=True)
 class ModelFamily:
     """What the engine needs to build one family of checkpoints."""
-    model_class: type[nn.Module]  # built as model_class(hf_config, tp_rank, tp_size)
+    model_class: type[nn.Module]  # built as model_class(hf_config, layers)
     load_weights: Callable[[nn.Module, str | Path], None]  # fills a built model from the folder's weights
 
 
@@ -45,10 +46,10 @@ def model_family(model_type: str) -> ModelFamily:
 
 
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None,
-                    tp_rank: int = 0, tp_size: int = 1) -> nn.Module:
+                    layers: LayerFactory | None = None) -> nn.Module:
     """The model of a checkpoint folder, built and loaded by the family its config.json names."""
     family = model_family(check_model_folder(path)["model_type"])
-    return build_pretrained(family.model_class, family.load_weights, path, device, dtype, tp_rank, tp_size)
+    return build_pretrained(family.model_class, family.load_weights, path, device, dtype, layers)
 
 
 register_model("qwen3", ModelFamily(Qwen3ForCausalLM, load_model))
