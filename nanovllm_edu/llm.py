@@ -9,9 +9,10 @@ from .engine.async_scheduling import AsyncCarry, AsyncLLMEngine
 from .engine.cuda_graph import graphed_forward
 from .engine.model_runner import ModelRunner, NoCarry
 from .engine.tp_worker import tensor_parallel_runner
+from .layers import triton_sampler  # noqa: F401  (registers the one-pass GPU sampler, notebook 11b)
 
-# Model families: notebook 02's registry. A family beyond Qwen3 registers (register_model) in a module imported
-# here, so that tensor-parallel workers, fresh processes that import this module, can build it too.
+# Model families (notebook 02's registry) and samplers (08's) register in modules imported here, so that
+# tensor-parallel workers, fresh processes that import this module, build the same model and sampler.
 
 
 def build_runner(config: Config, rank: int = 0) -> ModelRunner:

@@ -14,7 +14,8 @@ import json
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from nanovllm_edu.layers.sampler import Sampler, TritonSampler
+from nanovllm_edu.layers.sampler import Sampler
+from nanovllm_edu.layers.triton_sampler import TritonSampler
 
 from measure_cuda_graphs import median_ms  # this folder is on sys.path when a script runs
 

@@ -10,7 +10,7 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 MAX_CODE_LINES, MAX_WORDS = 1000, 4500
-STILL_OVER = {"08_engine.ipynb": (2021, 5603)}  # (code lines, words)
+STILL_OVER = {"08_engine.ipynb": (1805, 4618)}  # (code lines, words)
 
 
 def lesson_size(path: Path) -> tuple[int, int]:

@@ -53,7 +53,7 @@ class ModelRunner:
         self.model = load_pretrained(config.model, device=self.device, layers=self.ranks.layer_factory())
         self.dtype = next(self.model.parameters()).dtype
         self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size)
-        self.sampler = make_sampler(self.device)  # one pass over the logits on a GPU
+        self.sampler = make_sampler(self.device)  # the registered sampler for the device (notebook 11b's on a GPU)
         self.token_counts = TokenCounts(config.hf_config.vocab_size, self.device)  # for the penalties
         self.sampled_logprobs = None  # the logprobs of the step being launched (`sample` -> `launch`)
         self.prompt_logprobs = None  # the same for the prompt positions it scores (`score_prompt`)

@@ -1,4 +1,4 @@
-"""The one-pass sampler (kernels/sampling.py, TritonSampler) against the torch Sampler: on a CPU through Triton's
+"""Notebook 11b: the one-pass sampler (kernels/sampling.py, layers/triton_sampler.py) against notebook 08's Sampler: on a CPU through Triton's
 interpreter at small sizes, on a GPU (`-m gpu`) at Qwen3's vocabulary and the benchmark's batch."""
 import pytest
 import torch
@@ -7,8 +7,9 @@ from nanovllm_edu.kernels.sampling import race_sample
 import inspect
 from dataclasses import fields
 
-from nanovllm_edu.layers.sampler import (SAMPLER_ARGS, Sampler, SamplingInputs, TritonSampler, apply_min_p,
-                                         apply_penalties, make_sampler, top_k_top_p_thresholds)
+from nanovllm_edu.layers.sampler import (SAMPLER_ARGS, SAMPLERS, Sampler, SamplingInputs, apply_min_p, apply_penalties,
+                                         make_sampler, register_sampler)
+from nanovllm_edu.layers.triton_sampler import TritonSampler, top_k_top_p_thresholds
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TEMPS = [0.0, 0.6, 1.0, 1.5, 0.6, 2.0, 0.8, 1.0]
@@ -110,8 +111,28 @@ def test_sampling_inputs_draw_the_same_tokens_as_keywords():
     assert torch.equal(Sampler()(logits, *inputs.sampler_args()), by_keywords)
 
 
-def test_make_sampler_picks_the_torch_sampler_on_a_cpu():
-    assert type(make_sampler(torch.device("cpu"))) is Sampler
+def test_make_sampler_picks_the_registered_sampler_for_the_device():
+    assert type(make_sampler(torch.device("cpu"))) is Sampler  # nothing registered for a CPU
+    assert type(make_sampler(torch.device("cuda"))) is TritonSampler  # registered on import (llm.py imports it)
+
+    class Mine(Sampler):
+        pass
+
+    register_sampler("mine", Mine, lambda device: device.type == "cpu")
+    try:
+        assert type(make_sampler(torch.device("cpu"))) is Mine  # the latest registration that runs on it
+        assert type(make_sampler(torch.device("cuda"))) is TritonSampler
+    finally:
+        del SAMPLERS["mine"]
+
+
+def test_the_package_llm_registers_the_one_pass_sampler_in_a_fresh_process():
+    import subprocess
+    import sys
+    code = ("import torch, nanovllm_edu.llm; from nanovllm_edu.layers.sampler import make_sampler; "
+            "print(type(make_sampler(torch.device('cuda'))).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "TritonSampler"
 
 
 @pytest.mark.gpu
