@@ -8,18 +8,20 @@ from .config import Config
 from .engine.async_scheduling import AsyncCarry, AsyncLLMEngine
 from .engine.cuda_graph import graphed_forward
 from .engine.model_runner import ModelRunner, NoCarry
+from .engine.llm_engine import RequestFeatures
 from .engine.tp_worker import tensor_parallel_runner
 from .layers import triton_sampler  # noqa: F401  (registers the one-pass GPU sampler, notebook 11b)
 
-# Model families (notebook 02's registry) and samplers (08's) register in modules imported here, so that
-# tensor-parallel workers, fresh processes that import this module, build the same model and sampler.
+# Model families (02's registry) and samplers (08's) register in modules imported here: tensor-parallel
+# workers, fresh processes that import this module, then build the same model and sampler.
 
 
 def build_runner(config: Config, rank: int = 0) -> ModelRunner:
-    """The runner `LLM` uses: notebook 08's ModelRunner holding the parts its engine arguments ask for: async
-    scheduling's carry (10), CUDA graphs for decode (11; they stand aside on a CPU or with enforce_eager) and,
-    with tensor_parallel_size > 1, ranks in worker processes (12), which build theirs with this function."""
-    parts = {"carry": AsyncCarry() if config.async_scheduling else NoCarry(), "forward": graphed_forward}
+    """The runner `LLM` uses: notebook 08's ModelRunner with the parts its engine arguments ask for: request
+    features (08c), async scheduling's carry (10), CUDA graphs for decode (11; not on a CPU or with enforce_eager),
+    with tensor_parallel_size > 1 ranks in worker processes (12), which build theirs with this function."""
+    parts = {"carry": AsyncCarry() if config.async_scheduling else NoCarry(), "forward": graphed_forward,
+             "features": RequestFeatures}
     if config.tensor_parallel_size > 1:
         return tensor_parallel_runner(config, rank, build_runner, **parts)
     return ModelRunner(config, rank, **parts)

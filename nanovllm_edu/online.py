@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 from .llm import LLM
 from .sampling_params import SamplingParams
 from .engine.async_scheduling import num_pending_tokens
-from .engine.llm_engine import IncrementalDetokenizer, InflightStep
+from .engine.engine_core import InflightStep
+from .engine.llm_engine import IncrementalDetokenizer
 from .engine.sequence import Sequence
 
 

@@ -8,6 +8,7 @@ and a wrong computation shows up as a large difference.
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
@@ -95,3 +96,26 @@ def generate_counting_ahead(llm, prompts, params):
 def without_metrics(results: list[dict]) -> list[dict]:
     """Results without their `metrics` (times differ between any two runs): for comparing two runs' outputs."""
     return [{k: v for k, v in result.items() if k != "metrics"} for result in results]
+
+
+# two layer shapes: GQA ratio 2 with head_dim 16, GQA ratio 3 with head_dim 32 (and head_dim != hidden/heads)
+LAYER_SHAPES = [{"hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16},
+                {"hidden_size": 96, "num_heads": 6, "num_kv_heads": 2, "head_dim": 32}]
+
+
+def assert_close(ours: torch.Tensor, ref: torch.Tensor, rtol: float = 1e-5) -> None:
+    "Same shape, and the largest difference at most `rtol` times the reference's largest magnitude."
+    assert ours.shape == ref.shape
+    diff, scale = (ours.float() - ref.float()).abs().max().item(), ref.float().abs().max().item()
+    assert diff <= rtol * scale, f"max |diff| {diff:.3g} > {rtol:g} x {scale:.3g}"
+
+
+def random_tokens(hf, T: int = 9, seed: int = 0) -> torch.Tensor:
+    "T random hidden states [T, hidden] for the transformers model `hf`."
+    return torch.randn(T, hf.config.hidden_size, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module", params=LAYER_SHAPES, ids=["gqa2-d16", "gqa3-d32"])
+def hf(request):
+    "A one-layer transformers Qwen3 of each layer shape (import it into a test module to use it)."
+    return make_random_hf_qwen3(**request.param, num_layers=1, seed=1)

@@ -1,8 +1,5 @@
 """Every lesson (a notebook whose name starts with a digit) holds at most 1,000 lines of code and 4,500 words of
-prose; appendices (a letter first) are exempt. Counted as ../shared/tools/lesson_sizes.py counts them.
-
-One lesson is still over while its split lands (docs/syllabus.md): it is listed with its size today
-as a ceiling it must not grow past, and the test fails once one fits, so that the list only shrinks."""
+prose; appendices (a letter first) are exempt. Counted as ../shared/tools/lesson_sizes.py counts them."""
 import json
 from pathlib import Path
 
@@ -10,7 +7,6 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 MAX_CODE_LINES, MAX_WORDS = 1000, 4500
-STILL_OVER = {"08_engine.ipynb": (1805, 4618)}  # (code lines, words)
 
 
 def lesson_size(path: Path) -> tuple[int, int]:
@@ -26,19 +22,14 @@ LESSONS = sorted(p for p in NOTEBOOKS.glob("*.ipynb") if p.name[0].isdigit())
 
 
 def test_there_are_lessons_to_check():
-    assert len(LESSONS) >= 15 and all(name in {p.name for p in LESSONS} for name in STILL_OVER)
+    assert len(LESSONS) >= 15
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=[p.name for p in LESSONS])
 def test_lesson_fits(path):
     code, words = lesson_size(path)
-    if path.name in STILL_OVER:
-        ceiling = STILL_OVER[path.name]
-        assert code <= ceiling[0] and words <= ceiling[1], f"{path.name} grew to {code} lines, {words} words"
-        assert code > MAX_CODE_LINES or words > MAX_WORDS, f"{path.name} fits now: take it out of STILL_OVER"
-    else:
-        assert code <= MAX_CODE_LINES, f"{path.name}: {code} lines of code (at most {MAX_CODE_LINES}): split it"
-        assert words <= MAX_WORDS, f"{path.name}: {words} words of prose (at most {MAX_WORDS}): split or trim it"
+    assert code <= MAX_CODE_LINES, f"{path.name}: {code} lines of code (at most {MAX_CODE_LINES}): split it"
+    assert words <= MAX_WORDS, f"{path.name}: {words} words of prose (at most {MAX_WORDS}): split or trim it"
 
 
 def test_the_counter_counts(tmp_path):

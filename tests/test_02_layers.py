@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_random_hf_qwen3
+from helpers import LAYER_SHAPES, assert_close, hf, make_random_hf_qwen3, random_tokens as tokens  # noqa: F401 (hf: a fixture)
 from transformers.models.qwen3 import modeling_qwen3 as hf_qwen3
 
 from nanovllm_edu.layers.activation import SiluAndMul
@@ -28,26 +28,6 @@ from nanovllm_edu.models.qwen3 import (
 from nanovllm_edu.utils.loader import load_weights
 
 torch.set_grad_enabled(False)
-
-# two shapes: GQA ratio 2 with head_dim 16, GQA ratio 3 with head_dim 32 (and head_dim != hidden/heads)
-SHAPES = [{"hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16},
-          {"hidden_size": 96, "num_heads": 6, "num_kv_heads": 2, "head_dim": 32}]
-
-
-def assert_close(ours: torch.Tensor, ref: torch.Tensor, rtol: float = 1e-5) -> None:
-    assert ours.shape == ref.shape
-    diff, scale = (ours.float() - ref.float()).abs().max().item(), ref.float().abs().max().item()
-    assert diff <= rtol * scale, f"max |diff| {diff:.3g} > {rtol:g} x {scale:.3g}"
-
-
-@pytest.fixture(scope="module", params=SHAPES, ids=["gqa2-d16", "gqa3-d32"])
-def hf(request):
-    return make_random_hf_qwen3(**request.param, num_layers=1, seed=1)
-
-
-def tokens(hf, T=9, seed=0):
-    return torch.randn(T, hf.config.hidden_size, generator=torch.Generator().manual_seed(seed))
-
 
 # ---- activation and norm ----
 
@@ -187,32 +167,18 @@ def test_embedding_and_lm_head_match_hf(hf):
 def test_model_builds_its_layers_through_the_factory():
     """Every weight-holding layer comes from the factory, by role: a factory that records its calls sees
     each role the expected number of times, and its layers are the ones in the model."""
-    cfg = make_random_hf_qwen3(**SHAPES[0], num_layers=2).config
+    cfg = make_random_hf_qwen3(**LAYER_SHAPES[0], num_layers=2).config
     calls = []
 
     class Recording(LayerFactory):
-        def qkv_linear(self, *args):
-            calls.append("qkv")
-            return super().qkv_linear(*args)
-
-        def merged_linear(self, *args):
-            calls.append("merged")
-            return super().merged_linear(*args)
-
-        def output_linear(self, *args):
-            calls.append("output")
-            return super().output_linear(*args)
-
-        def embedding(self, *args):
-            calls.append("embedding")
-            return super().embedding(*args)
-
-        def lm_head(self, *args):
-            calls.append("lm_head")
-            return super().lm_head(*args)
+        def __getattribute__(self, name):  # every role the model asks for, as it asks
+            if not name.startswith("_"):
+                calls.append(name)
+            return super().__getattribute__(name)
 
     model = Qwen3ForCausalLM(cfg, Recording())
-    assert sorted(calls) == sorted(["embedding", "lm_head"] + ["qkv", "merged", "output", "output"] * 2)
+    roles = ["qkv_linear", "merged_linear", "output_linear", "output_linear"]
+    assert sorted(calls) == sorted(["embedding", "lm_head"] + roles * 2)
     layer = model.model.layers[1]
     assert type(layer.self_attn.qkv_proj) is QKVLinear and type(layer.mlp.down_proj) is Linear
     assert type(model.lm_head) is LMHead

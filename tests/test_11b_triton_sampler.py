@@ -7,8 +7,8 @@ from nanovllm_edu.kernels.sampling import race_sample
 import inspect
 from dataclasses import fields
 
-from nanovllm_edu.layers.sampler import (SAMPLER_ARGS, SAMPLERS, Sampler, SamplingInputs, apply_min_p, apply_penalties,
-                                         make_sampler, register_sampler)
+from nanovllm_edu.layers.sampler import SAMPLER_ARGS, SAMPLERS, Sampler, SamplingInputs, make_sampler, register_sampler
+from nanovllm_edu.layers.sampling_features import apply_min_p, apply_penalties
 from nanovllm_edu.layers.triton_sampler import TritonSampler, top_k_top_p_thresholds
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -4,7 +4,7 @@ collectives combine them, give the full model's outputs (in one process, no proc
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_random_hf_qwen3
+from helpers import LAYER_SHAPES, assert_close, hf, make_random_hf_qwen3, random_tokens as tokens  # noqa: F401 (hf: a fixture)
 
 from nanovllm_edu.layers.parallel import (
     ColumnParallelLinear,
@@ -19,25 +19,6 @@ from nanovllm_edu.layers.parallel import (
 from nanovllm_edu.models.qwen3 import Qwen3ForCausalLM
 
 torch.set_grad_enabled(False)
-
-SHAPES = [{"hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16},
-          {"hidden_size": 96, "num_heads": 6, "num_kv_heads": 2, "head_dim": 32}]
-
-
-def assert_close(ours: torch.Tensor, ref: torch.Tensor, rtol: float = 1e-5) -> None:
-    assert ours.shape == ref.shape
-    diff, scale = (ours.float() - ref.float()).abs().max().item(), ref.float().abs().max().item()
-    assert diff <= rtol * scale, f"max |diff| {diff:.3g} > {rtol:g} x {scale:.3g}"
-
-
-@pytest.fixture(scope="module", params=SHAPES, ids=["gqa2-d16", "gqa3-d32"])
-def hf(request):
-    return make_random_hf_qwen3(**request.param, num_layers=1, seed=1)
-
-
-def tokens(hf, T=9, seed=0):
-    return torch.randn(T, hf.config.hidden_size, generator=torch.Generator().manual_seed(seed))
-
 
 def test_divide():
     assert divide(12, 4) == 3
@@ -136,7 +117,7 @@ def test_vocab_parallel_embedding_ranks_sum_to_full(hf, tp_size):
 
 
 def test_tensor_parallel_layers_shard_the_model():
-    cfg = make_random_hf_qwen3(**SHAPES[0], num_layers=1).config
+    cfg = make_random_hf_qwen3(**LAYER_SHAPES[0], num_layers=1).config
     model = Qwen3ForCausalLM(cfg, TensorParallelLayers(1, 2))
     attn = model.model.layers[0].self_attn
     assert attn.attn.num_heads == 2 and attn.attn.num_kv_heads == 1
@@ -151,7 +132,7 @@ def test_tensor_parallel_layers_shard_the_model():
 def test_one_model_class_two_factories_same_block_output(tmp_path):
     """The full model and two TensorParallelLayers shards, loaded from one checkpoint by the same loader:
     the MLP's partial outputs sum to the full MLP's, the attention's q heads are the full model's."""
-    hf_model = make_random_hf_qwen3(**SHAPES[0], num_layers=1, seed=3)
+    hf_model = make_random_hf_qwen3(**LAYER_SHAPES[0], num_layers=1, seed=3)
     hf_model.save_pretrained(tmp_path)
     full = Qwen3ForCausalLM.from_pretrained(tmp_path)
     shards = [Qwen3ForCausalLM.from_pretrained(tmp_path, layers=TensorParallelLayers(r, 2)) for r in range(2)]

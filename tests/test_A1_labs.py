@@ -313,7 +313,8 @@ def test_make_student_cli_and_missing_notebooks(tmp_path, capsys):
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "07_scheduler.ipynb: 1 exercise" in result.stdout
-    assert "08_engine.ipynb: 2 exercises" in result.stdout  # the sampler and the penalties
+    assert "08_engine.ipynb: 1 exercise" in result.stdout  # the sampler
+    assert "08c_request_features.ipynb: 1 exercise" in result.stdout  # the penalties
     for path in sorted((tmp_path / "out").glob("*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
             if "stub" in cell.metadata.get("tags", []):
@@ -336,7 +337,8 @@ def student_dir(tmp_path_factory):
     ("06_prefix_hashing", "prefix cache (06): 0/8", "PrefixCachingBlockManager.__init__"),
     ("07_scheduler", "scheduler (07): 0/6", "Scheduler.__init__"),
     ("08_engine", "sampler (08): 0/6", "Sampler.forward"),
-], ids=["03", "04", "06", "07", "08"])
+    ("08c_request_features", "penalties (08c): 0/6", "apply_penalties"),
+], ids=["03", "04", "06", "07", "08", "08c"])
 def test_student_notebook_executes_up_to_its_first_exercise_and_its_checks_fail_after_run_all(
         student_dir, name, stage, stub):
     """Run the student edition top to bottom (Run All, going on past errors), then its checks again: they
@@ -365,7 +367,7 @@ def test_student_notebook_executes_up_to_its_first_exercise_and_its_checks_fail_
                 pass
         for i in exercises:  # the checks again, after every later cell ran: still the student's stubs
             client.execute_cell(nb.cells[i], i)
-            assert re.search(r"\(0\d\): 0/\d+ checks passed", cell_text(nb.cells[i])), cell_text(nb.cells[i])
+            assert re.search(r"\(\d\d[a-z]?\): 0/\d+ checks passed", cell_text(nb.cells[i])), cell_text(nb.cells[i])
         assert f"{stage} checks passed" in cell_text(nb.cells[first])
 
 

@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from ..config import Config
-from .llm_engine import InflightStep, LLMEngine, StepResult
+from .engine_core import InflightStep, StepResult
+from .llm_engine import LLMEngine, RequestFeatures
 from .model_runner import ModelRunner, NoCarry
 from .prefix_cache import PrefixCachingBlockManager
 from .scheduler import PENDING_TOKEN, Scheduler
@@ -94,7 +95,7 @@ class AsyncCarry(NoCarry):
 
 def async_runner(config: Config, rank: int = 0, device: torch.device | None = None) -> ModelRunner:
     """Notebook 08's runner carrying sampled tokens from step to step on the device."""
-    return ModelRunner(config, rank, device, carry=AsyncCarry())
+    return ModelRunner(config, rank, device, carry=AsyncCarry(), features=RequestFeatures)
 
 # %% ../../notebooks/10_async_scheduling.ipynb #f058edda
 class AsyncLLMEngine(LLMEngine):

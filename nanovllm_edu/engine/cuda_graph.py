@@ -12,6 +12,7 @@ from torch import Tensor
 
 from ..config import Config
 from .model_runner import EagerForward, ModelRunner
+from .llm_engine import RequestFeatures
 from ..utils.step_inputs import StepInputs
 
 MAX_CAPTURE_SIZE = 512
@@ -126,4 +127,4 @@ def graphed_forward(runner: ModelRunner) -> EagerForward:
 
 def graph_runner(config: Config, rank: int = 0, device: torch.device | None = None) -> ModelRunner:
     """Notebook 08's runner whose decode steps replay CUDA graphs."""
-    return ModelRunner(config, rank, device, forward=CUDAGraphForward)
+    return ModelRunner(config, rank, device, forward=CUDAGraphForward, features=RequestFeatures)

@@ -82,7 +82,7 @@ def lookup(self: PrefixCachingBlockManager, seq: Sequence) -> list[tuple[int, in
 @patch
 def _match_prefix(self: PrefixCachingBlockManager, seq: Sequence) -> list[int]:
     """Ids of cached blocks holding `seq`'s leading full blocks (never its last token). A request that asks
-    for prompt logprobs (notebook 08) takes no hits: every prompt position must pass through the model."""
+    for prompt logprobs (notebook 08c) takes no hits: every prompt position must pass through the model."""
     if seq.sampling_params.prompt_logprobs is not None:
         return []
     return [block_id for _, block_id in self.lookup(seq) if block_id != -1]

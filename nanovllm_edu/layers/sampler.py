@@ -2,8 +2,7 @@
 
 # %% auto #0
 __all__ = ['SAMPLERS', 'SAMPLER_ARGS', 'hash_uniform', 'exponential_race', 'nucleus_drop', 'Sampler', 'register_sampler',
-           'make_sampler', 'apply_penalties', 'apply_min_p', 'token_logprobs', 'to_device', 'TokenCounts',
-           'PenaltyInputs', 'SamplingInputs']
+           'make_sampler', 'to_device', 'PenaltyInputs', 'SamplingInputs']
 
 # %% ../../notebooks/08_engine.ipynb #c2e22867
 import torch
@@ -103,95 +102,14 @@ def make_sampler(device: torch.device) -> Sampler:
     return Sampler()
 
 
-# %% ../../notebooks/08_engine.ipynb #pen-code
-def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, prompt_seen: torch.Tensor, presence: torch.Tensor,
-                    frequency: torch.Tensor, repetition: torch.Tensor) -> torch.Tensor:
-    """Penalised float32 logits [B, V], in vLLM's order: `repetition` [B] divides the positive and multiplies
-    the negative logits of every token seen in the prompt (`prompt_seen` [B, V]) or the output; then
-    `frequency` [B] times a token's count in the output (`counts` [B, V]) and `presence` [B] once for any
-    count are subtracted."""
-    logits = logits.float()
-    in_output = counts > 0
-    scale = torch.where(prompt_seen | in_output, repetition.unsqueeze(1), 1.0)
-    logits = torch.where(logits > 0, logits / scale, logits * scale)
-    return logits - frequency.unsqueeze(1) * counts - presence.unsqueeze(1) * in_output
-
-# %% ../../notebooks/08_engine.ipynb #minp-code
-def apply_min_p(logits: torch.Tensor, temperatures: torch.Tensor, min_ps: torch.Tensor) -> torch.Tensor:
-    """Mask (to -inf) every token less likely under softmax(logits / T) than min_p times the most likely:
-    p < min_p p_max is l < l_max + T ln(min_p) in logits. Rows with min_p 0 or T 0 (greedy) are untouched."""
-    active = (min_ps > 0) & (temperatures > 0)
-    margin = torch.where(active, temperatures * torch.log(min_ps.clamp(min=1e-30)), float("-inf"))
-    threshold = logits.max(dim=-1).values + margin
-    return logits.masked_fill(logits < threshold.unsqueeze(1), float("-inf"))
+# %% ../../notebooks/08_engine.ipynb #sampling-inputs-code
+from dataclasses import dataclass, fields
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int, with_ranks: bool = False) -> tuple:
-    """The model's own distribution (float32 log_softmax of the raw logits: before temperature, penalties,
-    min_p and top-k/top-p): the logprobs of `tokens` [B], and the ids and logprobs of the k best [B, k];
-    `with_ranks` adds each token's rank [B] (1 = the most likely; tokens as likely count as better, as vLLM)."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    top = logprobs.topk(k, dim=-1)
-    picked = logprobs.gather(1, tokens.unsqueeze(1))
-    if not with_ranks:
-        return picked.squeeze(1), top.indices, top.values
-    return picked.squeeze(1), top.indices, top.values, (logprobs >= picked).sum(dim=-1)
-
-# %% ../../notebooks/08_engine.ipynb #counts-code
 def to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A host list as a tensor on `device`; to a GPU through pinned memory, without waiting for the copy."""
     t = torch.tensor(data, dtype=dtype)
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
-
-
-class TokenCounts:
-    """The penalties' memory, on the device: for each running request that asks for a penalty, a row of
-    `counts` (how often each token occurs in its output) and of `prompt_seen` (which tokens its prompt holds).
-    A row is filled when the request first samples and counted on the device after each sampling step, so a
-    step planned before the last tokens reach the CPU (notebook 10) still sees them."""
-
-    def __init__(self, vocab_size: int, device: torch.device):
-        self.vocab_size, self.device = vocab_size, device
-        self.counts = torch.zeros(0, vocab_size, dtype=torch.int32, device=device)
-        self.prompt_seen = torch.zeros(0, vocab_size, dtype=torch.bool, device=device)
-        self.row_of: dict[int, int] = {}  # request (seq_id) -> its row
-        self.free_rows: list[int] = []
-
-    def rows(self, seqs: list) -> torch.Tensor:
-        """The rows of `seqs` (sequences of notebook 04), filling one for each request that has none yet."""
-        for seq in seqs:
-            if seq.seq_id not in self.row_of:
-                self._fill(self._new_row(seq.seq_id), seq.prompt_token_ids, seq.completion_token_ids)
-        return to_device([self.row_of[seq.seq_id] for seq in seqs], torch.int64, self.device)
-
-    def _new_row(self, seq_id: int) -> int:
-        if not self.free_rows:  # double the rows (at least 8), keeping the old ones
-            old, new = self.counts.shape[0], max(8, 2 * self.counts.shape[0])
-            self.counts = torch.cat([self.counts, self.counts.new_zeros(new - old, self.vocab_size)])
-            self.prompt_seen = torch.cat([self.prompt_seen, self.prompt_seen.new_zeros(new - old, self.vocab_size)])
-            self.free_rows.extend(range(new - 1, old - 1, -1))
-        self.row_of[seq_id] = row = self.free_rows.pop()
-        return row
-
-    def _fill(self, row: int, prompt: list[int], output: list[int]) -> None:
-        self.prompt_seen[row] = False
-        self.prompt_seen[row, to_device(prompt, torch.int64, self.device)] = True
-        self.counts[row] = 0
-        known = to_device([t for t in output if t >= 0], torch.int64, self.device)  # a placeholder is < 0
-        self.counts[row].index_add_(0, known, torch.ones_like(known, dtype=torch.int32))
-
-    def add(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Count one sampled token per row, on the device (the tokens need not have reached the CPU)."""
-        self.counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
-
-    def release(self, seq_id: int) -> None:
-        """Give a finished request's row back."""
-        row = self.row_of.pop(seq_id, None)
-        if row is not None:
-            self.free_rows.append(row)
-
-# %% ../../notebooks/08_engine.ipynb #sampling-inputs-code
-from dataclasses import dataclass, fields
 
 
 @dataclass
@@ -208,8 +126,9 @@ class PenaltyInputs:
 @dataclass
 class SamplingInputs:
     """One step's sampling settings on the device, a row per sampled sequence. The fields up to `top_k_max`
-    are the arguments of both samplers' `forward`, in order; the model runner applies `penalties` and
-    `min_ps` before the sampler and reports logprobs after it. None: no row asks for it (its work is skipped)."""
+    are the arguments of a sampler's `forward`, in order; the runner's request features (notebook 08c) fill
+    the rest: `penalties` and `min_ps` go before the sampler, logprobs after it. None: no row asks for it
+    (its work is skipped)."""
     temperatures: torch.Tensor  # float32 [B]; 0 is greedy
     top_ks: torch.Tensor | None = None  # int64 [B]; the vocabulary size is off
     top_ps: torch.Tensor | None = None  # float32 [B]; 1 is off
@@ -224,7 +143,7 @@ class SamplingInputs:
     logprob_k: int = 0  # top tokens to report per row: the most any row asks for
 
     def sampler_args(self) -> tuple:
-        """The arguments both samplers' `forward` take after the logits."""
+        """The arguments a sampler's `forward` takes after the logits."""
         return tuple(getattr(self, f.name) for f in fields(self)[:SAMPLER_ARGS])
 
 
