@@ -16,7 +16,7 @@ from transformers import AutoConfig, PretrainedConfig
 from .utils.device import DEVICE_CHOICES
 
 MODEL_TYPES = {"qwen3"}  # what the model registry (notebook 02) can build; register_model adds to it
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")  # notebooks 04-05 build them
+ATTENTION_BACKENDS = ["auto", "torch", "triton", "flash_attn"]  # notebooks 04-05 build them; registering one adds it
 
 
 def check_model_folder(model: str | os.PathLike) -> dict:

@@ -11,9 +11,10 @@ from .engine.model_runner import ModelRunner, NoCarry
 from .engine.llm_engine import RequestFeatures
 from .engine.tp_worker import tensor_parallel_runner
 from .layers import triton_sampler  # noqa: F401  (registers the one-pass GPU sampler, notebook 11b)
+from .layers.backends import flash_attn_backend, triton_backend  # noqa: F401  (notebook 05's backends)
 
-# Model families (02's registry) and samplers (08's) register in modules imported here: tensor-parallel
-# workers, fresh processes that import this module, then build the same model and sampler.
+# Model families (02's registry), attention backends (04's) and samplers (08's) register in modules imported here:
+# tensor-parallel workers, fresh processes that import this module, then build the same engine.
 
 
 def build_runner(config: Config, rank: int = 0) -> ModelRunner:

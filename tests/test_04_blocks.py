@@ -328,8 +328,21 @@ def test_get_attention_backend():
     assert isinstance(get_attention_backend("torch", cpu), TorchBackend)
     assert isinstance(get_attention_backend("auto", cpu), TorchBackend)
     assert isinstance(TorchBackend(), AttentionBackend) and TorchBackend.name == "torch"
-    with pytest.raises(ValueError, match="auto, torch, triton, flash_attn"):
+    with pytest.raises(ValueError, match="unknown attention backend 'sdpa'.*registered: auto, torch"):
         get_attention_backend("sdpa", cpu)
+
+
+def test_every_course_backend_registers_from_the_modules_llm_imports():
+    """In a fresh process, importing the package's LLM registers torch, Triton and flash-attn; before, a
+    course backend that is not imported yet is named with the import that registers it."""
+    import subprocess
+    import sys
+    code = ("from nanovllm_edu.layers.backends.registry import ATTENTION_BACKEND_REGISTRY, get_attention_backend\n"
+            "try:\n    get_attention_backend('triton')\nexcept ValueError as err:\n    print('before:', err)\n"
+            "import nanovllm_edu.llm\nprint('after:', sorted(ATTENTION_BACKEND_REGISTRY))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "before: unknown attention backend 'triton' (a course backend whose module is not imported" in out
+    assert "after: ['flash_attn', 'torch', 'triton']" in out
 
 
 def test_flash_attn_missing_is_a_clear_error():
@@ -341,8 +354,8 @@ def test_flash_attn_missing_is_a_clear_error():
         get_attention_backend("flash_attn", torch.device("cpu"))
 
 
-def test_triton_backend_is_resolved_lazily():
-    pytest.importorskip("nanovllm_edu.kernels.paged_attention")
+def test_triton_backend_registers_when_imported():
+    pytest.importorskip("nanovllm_edu.layers.backends.triton_backend")  # its import registers it
     backend = get_attention_backend("triton", torch.device("cpu"))
     assert isinstance(backend, AttentionBackend) and type(backend).__name__ == "TritonBackend"
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attention_helpers import attn_step
+from nanovllm_edu.layers.backends import flash_attn_backend  # noqa: F401  (registers it)
 from nanovllm_edu.layers.backends.registry import get_attention_backend
 
 

@@ -41,3 +41,14 @@ class FlashAttnBackend(AttentionBackend):
         out = self._with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=step.context_lens,
                                  block_table=step.block_tables, softmax_scale=scale, causal=True)
         return out.squeeze(1)
+
+# %% ../../../notebooks/05_triton_attention.ipynb #flash-register
+from .registry import BackendEntry, register_attention_backend
+from ...utils.device import flash_attn_available
+
+register_attention_backend("flash_attn", BackendEntry(
+    FlashAttnBackend, priority=2,
+    missing=lambda: None if flash_attn_available() else ("needs the flash-attn package (pip install flash-attn, "
+                                                         "CUDA only); use 'triton' or 'torch' instead"),
+    auto_on=lambda device, block_size: device.type == "cuda" and block_size % FLASH_ATTN_BLOCK_MULTIPLE == 0))
+

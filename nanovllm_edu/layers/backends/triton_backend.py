@@ -38,3 +38,13 @@ class TritonBackend(AttentionBackend):
                    rotary_emb: RotaryEmbedding) -> tuple[Tensor, Tensor]:
         return qk_norm_rope(positions, q, k, q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps,
                             rotary_emb.cos_sin_cache)
+
+# %% ../../../notebooks/05_triton_attention.ipynb #56cff1da
+from .registry import BackendEntry, register_attention_backend
+from ...utils.device import triton_available
+
+register_attention_backend("triton", BackendEntry(
+    lambda block_size: TritonBackend(), priority=1,
+    missing=lambda: None if triton_available() else "needs the triton package (pip install triton); use 'torch'",
+    auto_on=lambda device, block_size: device.type == "cuda"))
+
