@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .config import is_int, is_real
 
-MAX_SEED = 2**63 - 1  # seeds travel to the sampler in an int64 tensor (notebook 08)
+MAX_SEED = 2**63 - 1  # seeds travel to the sampler in an int64 tensor (notebook 07)
 
 
 def check_number(name: str, value, rule: str, within) -> None:

@@ -2,7 +2,7 @@
 
     python scripts/export_notebooks.py            # write nanovllm_edu/ from notebooks/
     python scripts/export_notebooks.py --check    # fail if exporting would change any file
-    python scripts/export_notebooks.py --only 08_engine   # export the modules of one notebook only
+    python scripts/export_notebooks.py --only 07_model_runner   # export the modules of one notebook only
 
 nbdev's own `nbdev-export` writes a notebook's `#| default_exp` module anew but *appends* cells sent to
 any other module with `#| export other.module`, so a stage notebook that owns several small modules

@@ -6,7 +6,7 @@
 # $OUT/gpu_suite.tgz, with the summary in $OUT/summary.txt.
 #
 #   bash scripts/gpu_suite.sh [tests] [notebooks] [bench] [sync] [eager] [tp] [graphs] [kernels]  (no argument: all)
-#   NOTEBOOKS="notebooks/13_benchmark.ipynb" bash scripts/gpu_suite.sh notebooks                (some notebooks)
+#   NOTEBOOKS="notebooks/16_benchmark.ipynb" bash scripts/gpu_suite.sh notebooks                (some notebooks)
 #
 # Uses the machine's own python3 (torch, triton, transformers, safetensors, xxhash, tqdm, matplotlib); the
 # package is imported from this checkout. pytest's nbval options are dropped: notebooks are compared with their

@@ -25,7 +25,7 @@ Attention table: nanovllm_edu.kernels.paged_attention.paged_decode with Qwen3-0.
 query, 8 KV, head_dim 128) and the engine's default KV block size (256), blocks drawn from a shuffled pool,
 for batch 1 .. 256 x context 100 .. 2048 (every row of a batch the same length), plus "mix" rows: batch 256
 with lengths drawn uniformly from 100 .. 2048 (seed 0), like the seed benchmark's decode steps, longest first
-as the scheduler hands them over (notebook 07) and once in the order drawn; then the split sweep. Timed with
+as the scheduler hands them over (notebook 06) and once in the order drawn; then the split sweep. Timed with
 do_bench (`us`) and, without the Python that launches it, as the replay of a CUDA graph of the same call
 under do_bench (`graph_us`). KV bytes = sum(context) * kv_heads * head_dim * 2 (k and v) * 2 bytes; GB/s and
 the fraction of the copy bandwidth come from `us`; `over_empty_kernel` = us / the empty kernel's do_bench time

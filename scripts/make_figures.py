@@ -3,7 +3,7 @@
     python scripts/make_figures.py                  # all of them
     python scripts/make_figures.py trace_tiny_cpu   # only the named ones
 
-- trace_tiny_cpu: runs the small-cache workload of notebook 09 on the shipped tiny model (CPU, greedy,
+- trace_tiny_cpu: runs the small-cache workload of notebook 10 on the shipped tiny model (CPU, greedy,
   deterministic) and writes figures/trace_tiny_cpu.json (the trace, without wall times) and .png.
 - cuda_graphs: redraws figures/cuda_graphs.png from the committed H200 measurements in
   figures/cuda_graphs.json (re-measuring them needs a GPU: scripts/gpu_suite.sh).
@@ -128,11 +128,11 @@ def architecture() -> list[Path]:
     ax.text(60, 66.7, "(NN): the notebook that exports it.  Grey: how the classes relate.  Red: one step, in order.",
             ha="center", va="center", fontsize=8, style="italic", color="#666666")
     # top: the user-facing classes
-    box(3, 58, 44, 65.3, "LLM  (llm.py, 12)", ["class LLM(AsyncLLMEngine): generate, chat",
+    box(3, 58, 44, 65.3, "LLM  (llm.py, 15)", ["class LLM(AsyncLLMEngine): generate, chat",
                                                "build_runner: the runner's parts from the engine args"], "top")
-    box(52, 58, 84, 65.3, "OnlineLLM  (online.py, 14)", ["class OnlineLLM(LLM): an engine loop in a",
+    box(52, 58, 84, 65.3, "OnlineLLM  (online.py, 19)", ["class OnlineLLM(LLM): an engine loop in a",
                                                          "thread; submit, abort, streams"], "top")
-    box(91, 58, 117, 65.3, "serve/  (14)", ["app.py, protocol.py: an OpenAI-", "compatible server on OnlineLLM"],
+    box(91, 58, 117, 65.3, "serve/  (21, 22)", ["app.py, protocol.py: an OpenAI-", "compatible server on OnlineLLM"],
         "top")
     link((52, 61.8), (44, 61.8), "subclass", dy=1.0)
     link((91, 61.8), (84, 61.8), "uses", dy=1.0)
@@ -142,22 +142,22 @@ def architecture() -> list[Path]:
     ax.text(2.5, 54.6, "engine/", fontsize=10, fontweight="bold", va="center")
     ax.text(117.5, 54.6, "engine/ never imports llm.py, online.py, serve/, course/, bench/, labs/", ha="right",
             va="center", fontsize=7.5, style="italic", color="#666666")
-    box(3, 44.5, 44, 53, "LLMEngine / AsyncLLMEngine", ["llm_engine.py (08), async_scheduling.py (10)",
-                                                         "generate, steps: launch + complete,",
-                                                         "record_outputs, fork, abort"])
-    box(3, 29.5, 24, 39, "Scheduler", ["scheduler.py (07): schedule,", "reserve + commit, abort;",
-                                       "AsyncScheduler (10):", "can_schedule_ahead"], size=7.5)
-    box(27, 29.5, 44, 39, "Sequence", ["sequence.py (04)", "tokens, status,", "block_table"], size=7.5)
+    box(3, 44.5, 44, 53, "EngineCore / LLMEngine / AsyncLLMEngine", ["engine_core.py (08), llm_engine.py (09),",
+                                                                       "async_scheduling.py (12): generate, steps:",
+                                                                       "launch + complete; record_outputs, fork"])
+    box(3, 29.5, 24, 39, "Scheduler", ["scheduler.py (06): schedule,", "reserve + commit, abort;",
+                                       "AsyncScheduler (12):", "can_schedule_ahead"], size=7.5)
+    box(27, 29.5, 44, 39, "Sequence", ["sequence.py (03)", "tokens, status,", "block_table"], size=7.5)
     box(3, 20, 44, 26.5, "BlockManager / PrefixCachingBlockManager",
-        ["block_manager.py (04), prefix_cache.py (06)"], size=7.5)
-    box(53, 20, 117, 53, "ModelRunner  (model_runner.py, 08)",
+        ["block_manager.py (03), prefix_cache.py (05)"], size=7.5)
+    box(53, 20, 117, 53, "ModelRunner  (model_runner.py, 07)",
         ["one device: the model (its shard), the paged KV cache, the Sampler",
          "launch: prepare_prefill | prepare_decode, ranks.run_step(execute)",
          "execute: device_inputs, forward, sample; token_ids: wait",
-         "and three parts it holds, chosen by build_runner:"], "runner")
-    parts = [("carry", ["NoCarry (08) |", "AsyncCarry (10)", "async_scheduling.py", "mark_pending, fill_pending"]),
-             ("ranks", ["LocalRanks (08) |", "TensorParallelRanks (12)", "tp_worker.py", "run_step, call, wait"]),
-             ("forward", ["EagerForward (08) |", "CUDAGraphForward (11)", "cuda_graph.py",
+         "and parts it holds, chosen by build_runner (also features, 09):"], "runner")
+    parts = [("carry", ["NoCarry (07) |", "AsyncCarry (12)", "async_scheduling.py", "mark_pending, fill_pending"]),
+             ("ranks", ["LocalRanks (07) |", "TensorParallelRanks (15)", "tp_worker.py", "run_step, call, wait"]),
+             ("forward", ["EagerForward (07) |", "CUDAGraphForward (13)", "cuda_graph.py",
                           "runner.forward_pass(step)"])]
     for i, (name, lines) in enumerate(parts):
         x0 = 55 + i * 20.5
@@ -168,9 +168,9 @@ def architecture() -> list[Path]:
     box(3, 7, 44, 15.5, "StepInputs  (utils/step_inputs.py, 04)",
         ["one per step: input_ids, positions, slot_mapping,", "block_tables, cu_seqlens, context_lens;",
          "read by the attention backends"], "low", size=7.5)
-    box(53, 7, 71, 15.5, "kernels/ (Triton)", ["store_kvcache (03)", "paged_attention,", "qk_norm_rope (05)",
-                                                "sampling (08)"], "low", size=7.5)
-    box(75, 7, 95, 15.5, "layers/", ["backends/: torch,", "triton, flash_attn (04-05)", "Sampler (08)",
+    box(53, 7, 71, 15.5, "kernels/ (Triton)", ["store_kvcache (04)", "paged_attention,", "qk_norm_rope (11)",
+                                                "sampling (14)"], "low", size=7.5)
+    box(75, 7, 95, 15.5, "layers/", ["backends/: torch,", "triton, flash_attn (04, 11)", "Sampler (07)",
                                       "linear, norms, RoPE (02)"], "low", size=7.5)
     box(99, 7, 117, 15.5, "models/", ["registry: model_type", "-> Qwen3ForCausalLM", "qwen3.py (02)"], "low", size=7.5)
     link((40, 58), (62, 53), "build_runner", dx=2, dy=1.2, ha="left")

@@ -285,7 +285,7 @@ def test_a_class_over_several_solution_cells_is_one_exercise():
 
 
 def test_make_student_notebook_stubs_tagged_cells_and_adds_exercises():
-    nb = nbformat.read(ROOT / "notebooks" / "04_paged_blocks.ipynb", as_version=4)
+    nb = nbformat.read(ROOT / "notebooks" / "03_paged_blocks.ipynb", as_version=4)
     student, n = make_student_notebook(nb)
     assert n == 1
     stub_ids = [i for i, c in enumerate(student.cells) if "stub" in c.metadata.get("tags", [])]
@@ -312,9 +312,9 @@ def test_make_student_cli_and_missing_notebooks(tmp_path, capsys):
     result = subprocess.run([sys.executable, "-m", "nanovllm_edu.labs", "make-student", str(tmp_path / "out")],
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "07_scheduler.ipynb: 1 exercise" in result.stdout
-    assert "08_engine.ipynb: 1 exercise" in result.stdout  # the sampler
-    assert "08c_request_features.ipynb: 1 exercise" in result.stdout  # the penalties
+    assert "06_scheduler.ipynb: 1 exercise" in result.stdout
+    assert "07_model_runner.ipynb: 1 exercise" in result.stdout  # the sampler
+    assert "09_request_features.ipynb: 1 exercise" in result.stdout  # the penalties
     for path in sorted((tmp_path / "out").glob("*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
             if "stub" in cell.metadata.get("tags", []):
@@ -332,13 +332,13 @@ def student_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name,stage,stub", [
-    ("03_kv_store_kernel", "store kernel (03): 0/6", "store_kvcache_torch"),
-    ("04_paged_blocks", "block manager (04): 0/8", "BlockManager.__init__"),
-    ("06_prefix_hashing", "prefix cache (06): 0/8", "PrefixCachingBlockManager.__init__"),
-    ("07_scheduler", "scheduler (07): 0/6", "Scheduler.__init__"),
-    ("08_engine", "sampler (08): 0/6", "Sampler.forward"),
-    ("08c_request_features", "penalties (08c): 0/6", "apply_penalties"),
-], ids=["03", "04", "06", "07", "08", "08c"])
+    ("03_paged_blocks", "block manager (03): 0/8", "BlockManager.__init__"),
+    ("04_kv_cache", "store kernel (04): 0/6", "store_kvcache_torch"),
+    ("05_prefix_hashing", "prefix cache (05): 0/8", "PrefixCachingBlockManager.__init__"),
+    ("06_scheduler", "scheduler (06): 0/6", "Scheduler.__init__"),
+    ("07_model_runner", "sampler (07): 0/6", "Sampler.forward"),
+    ("09_request_features", "penalties (09): 0/6", "apply_penalties"),
+], ids=["03", "04", "05", "06", "07", "09"])
 def test_student_notebook_executes_up_to_its_first_exercise_and_its_checks_fail_after_run_all(
         student_dir, name, stage, stub):
     """Run the student edition top to bottom (Run All, going on past errors), then its checks again: they
@@ -380,7 +380,7 @@ def test_make_student_refuses_to_overwrite_without_force(tmp_path, capsys):
 
     out = tmp_path / "student"
     assert main(["make-student", str(out)]) == 0
-    edited = out / "04_paged_blocks.ipynb"
+    edited = out / "03_paged_blocks.ipynb"
     edited.write_text(edited.read_text().replace("raise NotImplementedError", "pass  # my work", 1))
     capsys.readouterr()
     assert main(["make-student", str(out)]) == 1

@@ -138,8 +138,8 @@ def _bm_random(cls, distinct: bool = True) -> None:
 
 
 def check_block_manager(cls) -> LabReport:
-    """Conformance checks for a block manager class `cls(num_blocks, block_size)` (notebook 04's contract)."""
-    return run_checks("block manager (04)", [
+    """Conformance checks for a block manager class `cls(num_blocks, block_size)` (notebook 03's contract)."""
+    return run_checks("block manager (03)", [
         ("a new pool has every block free", "num_free_blocks counts the blocks nobody holds",
          lambda: _bm_starts_free(cls)),
         ("allocate gives each sequence its own blocks", "seq.num_blocks blocks per sequence, taken from the "
@@ -276,8 +276,8 @@ def _pc_decode_blocks(cls) -> None:
 
 
 def check_prefix_cache(cls) -> LabReport:
-    """Conformance checks for a prefix-caching block manager class `cls(num_blocks, block_size)` (notebook 06)."""
-    return run_checks("prefix cache (06)", [
+    """Conformance checks for a prefix-caching block manager class `cls(num_blocks, block_size)` (notebook 05)."""
+    return run_checks("prefix cache (05)", [
         ("it is still a correct block manager", "shared blocks count once in num_free_blocks; a block "
          "returns to the pool when its ref count reaches 0", lambda: _bm_random(cls, distinct=False)),
         ("a shared prefix hits the cache", "hash each full block chained with the previous hash; on a hit put "

@@ -39,9 +39,9 @@ def _pen_rows(fn) -> None:
 
 
 def check_penalties(obj) -> LabReport:
-    """Conformance checks for notebook 08c's `apply_penalties(logits, counts, prompt_seen, presence, frequency,
+    """Conformance checks for notebook 09's `apply_penalties(logits, counts, prompt_seen, presence, frequency,
     repetition)`: logits [B, V], counts [B, V] of the output, prompt_seen [B, V] bool, penalties [B]."""
-    return run_checks("penalties (08c)", [
+    return run_checks("penalties (09)", [
         ("the defaults change nothing", "presence 0, frequency 0 and repetition 1 leave every logit as it is",
          lambda: _pen_case(obj)),
         ("presence: once for each token in the output", "subtract presence x (count > 0); a token only in the "

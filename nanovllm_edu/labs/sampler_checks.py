@@ -100,9 +100,9 @@ def _smp_seeded(obj) -> None:
 
 
 def check_sampler(obj) -> LabReport:
-    """Conformance checks for a sampler: a class (built without arguments) or a callable with notebook 08's
+    """Conformance checks for a sampler: a class (built without arguments) or a callable with notebook 07's
     interface `sampler(logits, temperatures, top_ks=None, top_ps=None, seeds=None, positions=None, seeded_rows=None)`."""
-    return run_checks("sampler (08)", [
+    return run_checks("sampler (07)", [
         ("temperature 0 is greedy (argmax)", "rows with temperature 0 take logits.argmax(-1)",
          lambda: _smp_greedy(obj)),
         ("draws follow softmax(logits / temperature)", "divide the logits by the temperature, then sample "

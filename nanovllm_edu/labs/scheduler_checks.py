@@ -123,8 +123,8 @@ def _sch_preempts(cls) -> None:
 
 
 def check_scheduler(cls) -> LabReport:
-    """Conformance checks for a scheduler class `cls(config, block_manager)` (notebook 07's contract)."""
-    return run_checks("scheduler (07)", [
+    """Conformance checks for a scheduler class `cls(config, block_manager)` (notebook 06's contract)."""
+    return run_checks("scheduler (06)", [
         ("prefill chunks stay within the token budget", "give each prompt min(its remaining tokens, the budget "
          "left) and stop admitting when the budget is spent", lambda: _sch_budget(cls)),
         ("at most max_num_seqs sequences run at once", "admit from waiting only while len(running) < "

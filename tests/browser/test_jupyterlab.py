@@ -5,7 +5,7 @@ What it checks, per notebook:
      extension manager are switched off);
   2. `notebook:run-all-cells` runs every code cell; each ends with an execution count and no `error` output
      (checked in the notebook model and in the DOM);
-  3. an ipywidgets view rendered (the notebook's own CSS class, e.g. `nve-stepper` in notebook 09);
+  3. an ipywidgets view rendered (the notebook's own CSS class, e.g. `nve-stepper` in notebook 10);
   4. JupyterLab saved nothing (autosave is off, checkpoints go to a temporary folder; the server log has
      no "Saving file at").
 
@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 
 # Course notebooks with widgets, and the CSS class their widget carries.
-COURSE_NOTEBOOKS = {"09_watching_the_engine.ipynb": ".nve-stepper"}
+COURSE_NOTEBOOKS = {"10_watching_the_engine.ipynb": ".nve-stepper"}
 
 SERVER_START_S = 60
 KERNEL_START_S = 90
@@ -214,7 +214,7 @@ def _sha(path: Path) -> str:
 CASES = [pytest.param("smoke", id="widget_smoke")]
 # every listed notebook must exist: a renamed notebook fails here instead of silently dropping its case
 CASES += [pytest.param(name, id=name.removesuffix(".ipynb")) for name in COURSE_NOTEBOOKS]
-# Any other notebook: NVE_BROWSER_NOTEBOOK=08_engine.ipynb [NVE_BROWSER_WIDGET=.some-class]; without
+# Any other notebook: NVE_BROWSER_NOTEBOOK=07_model_runner.ipynb [NVE_BROWSER_WIDGET=.some-class]; without
 # NVE_BROWSER_WIDGET only "every cell ran without error" is checked for it.
 WIDGET = os.environ.get("NVE_BROWSER_WIDGET")
 if extra := os.environ.get("NVE_BROWSER_NOTEBOOK"):
