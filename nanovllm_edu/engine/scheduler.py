@@ -232,7 +232,7 @@ def _finish(self: Scheduler, seq: Sequence, reason: str) -> None:
     seq.finish_reason = reason
     self.block_manager.deallocate(seq)
     # running, as a rule; waiting when it was preempted before the token that ends it (a fork with no free
-    # block, notebook 07)
+    # block, notebook 09)
     (self.running if seq in self.running else self.waiting).remove(seq)
 
 
@@ -258,7 +258,7 @@ def abort_all(self: Scheduler) -> None:
 # %% ../../notebooks/06_scheduler.ipynb #stop-code
 @patch
 def start_running(self: Scheduler, seq: Sequence, token_id: int, has_blocks: bool) -> None:
-    """Run `seq`, whose prompt is already in its blocks (a fork, notebook 07), from its first token `token_id`
+    """Run `seq`, whose prompt is already in its blocks (a fork, notebook 09), from its first token `token_id`
     (EOS or max_tokens may end it at once); without all its blocks (`has_blocks` False) it is preempted."""
     seq.status = SequenceStatus.RUNNING
     self.running.append(seq)
