@@ -249,7 +249,7 @@ def test_decode_limited_by_token_budget():
 
 
 def test_decode_rows_longest_first_running_order_kept():
-    """A decode step lists its rows longest context first (notebook 11's kernel starts them in that order);
+    """A decode step lists its rows longest context first (notebook 11's kernel was seen to start them in that order);
     `running` keeps arrival order, so preemption still picks the newest; equal lengths keep that order."""
     sched = make(max_num_batched_tokens=256)
     short, long, mid, twin = seq(10), seq(60, start=100), seq(30, start=200), seq(30, start=300)

@@ -333,7 +333,7 @@ def student_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("name,stage,stub", [
     ("03_paged_blocks", "block manager (03): 0/8", "BlockManager.__init__"),
-    ("04_kv_cache", "store kernel (04): 0/6", "store_kvcache_torch"),
+    ("04_kv_cache", "KV store (04): 0/6", "store_kvcache_torch"),
     ("05_prefix_hashing", "prefix cache (05): 0/8", "PrefixCachingBlockManager.__init__"),
     ("06_scheduler", "scheduler (06): 0/6", "Scheduler.__init__"),
     ("07_model_runner", "sampler (07): 0/6", "Sampler.forward"),

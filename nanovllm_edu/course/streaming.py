@@ -8,6 +8,7 @@ __all__ = ['StreamEvent', 'stream', 'as_prompt_list', 'stream_texts']
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..engine.llm_engine import IncrementalDetokenizer
 from ..sampling_params import SamplingParams
 
 # %% ../../notebooks/10_watching_the_engine.ipynb #54a35220
@@ -39,6 +40,7 @@ def stream(llm, prompts, sampling_params: SamplingParams | list[SamplingParams] 
 def _events(llm, seqs) -> Iterator[StreamEvent]:
     index = {seq.seq_id: i for i, seq in enumerate(seqs)}
     sent_tokens, sent_text = dict.fromkeys(index, 0), dict.fromkeys(index, "")
+    detokenizers = {seq.seq_id: IncrementalDetokenizer(llm.tokenizer) for seq in seqs}  # notebook 09's
     try:
         with llm.lock:  # another thread's generate or stream takes its turn, never half of ours
             for seq in seqs:
@@ -46,7 +48,7 @@ def _events(llm, seqs) -> Iterator[StreamEvent]:
         while True:
             # emit what is new since we last looked: tokens of our own step or of another stream's step
             for seq in seqs:
-                yield from _new_events(llm, seq, index[seq.seq_id], sent_tokens, sent_text)
+                yield from _new_events(llm, seq, index[seq.seq_id], sent_tokens, sent_text, detokenizers)
             aborted = [index[seq.seq_id] for seq in seqs if seq.finish_reason == "abort"]
             if aborted:
                 raise RuntimeError(f"the requests of prompts {aborted} of this stream were aborted outside it "
@@ -61,7 +63,7 @@ def _events(llm, seqs) -> Iterator[StreamEvent]:
                 raise
             if done:  # what another thread's step made since we last looked, then the end
                 for seq in seqs:
-                    yield from _new_events(llm, seq, index[seq.seq_id], sent_tokens, sent_text)
+                    yield from _new_events(llm, seq, index[seq.seq_id], sent_tokens, sent_text, detokenizers)
                 return
     finally:
         # GeneratorExit (the consumer stopped), an error: free this stream's blocks, nobody else's
@@ -69,18 +71,17 @@ def _events(llm, seqs) -> Iterator[StreamEvent]:
             llm.abort_sequences(seqs)
 
 
-def _new_events(llm, seq, i: int, sent_tokens: dict, sent_text: dict) -> Iterator[StreamEvent]:
+def _new_events(llm, seq, i: int, sent_tokens: dict, sent_text: dict, detokenizers: dict) -> Iterator[StreamEvent]:
     """Events for the tokens of `seq` not sent yet (one or several steps may have made them)."""
-    tokenizer = llm.tokenizer
+    tokenizer, detokenizer = llm.tokenizer, detokenizers[seq.seq_id]
     while sent_tokens[seq.seq_id] < seq.num_completion_tokens:
         n = sent_tokens[seq.seq_id] = sent_tokens[seq.seq_id] + 1
         last = seq.is_finished and seq.finish_reason != "abort" and n == seq.num_completion_tokens
         if last:
             text = llm.result(seq)["text"]  # exactly generate's text
         elif tokenizer is not None:
-            # decode the whole completion (a token alone may be half a character); hold back
-            # a trailing replacement character until the next token completes it
-            text = tokenizer.decode(seq.completion_token_ids[:n], skip_special_tokens=True).rstrip("\ufffd")
+            detokenizer.add(seq.completion_token_ids[n - 1])  # a short window; a half character waits
+            text = detokenizer.text
             # and hold back what could be the start of a stop string: generate's text ends before one
             held = max(map(len, seq.sampling_params.stop), default=1) - 1
             text = text[:max(len(text) - held, 0)]

@@ -75,7 +75,7 @@ def _store_empty(fn) -> None:
 
 def check_store_kvcache(fn) -> LabReport:
     """Conformance checks for a store function `fn(key, value, k_cache, v_cache, slot_mapping)`."""
-    return run_checks("store kernel (04)", [
+    return run_checks("KV store (04)", [
         ("each token lands in its slot", "slot = block_id * block_size + offset; view the cache as "
          "[num_slots, kv_heads, head_dim] and write row `slot` of it", lambda: _store_lands(fn)),
         ("slot -1 is skipped", "-1 marks padding; as an index it means 'the last slot', so drop those tokens "
