@@ -1,0 +1,659 @@
+"""The course's diagrams, drawn by code: each function draws one figure of an idea, with the code's names.
+
+`python scripts/make_figures.py diagrams` redraws them all into figures/diagrams/ (`DIAGRAMS` says which lesson
+shows each one; tests/test_00_diagrams.py checks that the lesson does and that a redraw gives the same picture).
+They need matplotlib only: nothing here imports the package, so a diagram cannot drift with a run's numbers.
+"""
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display needed
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+
+PNG_METADATA = {"Software": None}  # keep the PNG free of version strings that change between machines
+# one colour per role, the same in every diagram
+BLUE, ORANGE, GREEN, PURPLE, RED, GREY = "#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#c0392b", "#e0e0e0"
+OWNER_COLOURS = [BLUE, ORANGE, GREEN, PURPLE]
+INK, NOTE = "#222222", "#666666"
+
+
+def canvas(width: float, height: float, xmax: float, ymax: float, ymin: float = 0) -> tuple[Figure, plt.Axes]:
+    """A blank drawing area in data units (0..xmax, ymin..ymax), no axes."""
+    fig, ax = plt.subplots(figsize=(width, height))
+    ax.set_xlim(0, xmax)
+    ax.set_ylim(ymin, ymax)
+    ax.axis("off")
+    fig.subplots_adjust(0, 0, 1, 1)
+    return fig, ax
+
+
+def box(ax, x, y, w, h, text="", fc="white", ec="#555555", size=8, weight="normal", rounded=False, **kw):
+    """A labelled rectangle with its lower-left corner at (x, y)."""
+    style = "round,pad=0,rounding_size=0.3" if rounded else "square,pad=0"
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle=style, fc=fc, ec=ec, lw=1, **kw))
+    if text:
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size, fontweight=weight, color=INK)
+
+
+def arrow(ax, p0, p1, color=INK, lw=1.2, rad=0.0, style="-|>", label="", size=7.5, dx=0.0, dy=0.0):
+    ax.add_patch(FancyArrowPatch(p0, p1, arrowstyle=style, mutation_scale=10, color=color, lw=lw,
+                                 connectionstyle=f"arc3,rad={rad}", shrinkA=1, shrinkB=1))
+    if label:
+        ax.text((p0[0] + p1[0]) / 2 + dx, (p0[1] + p1[1]) / 2 + dy, label, ha="center", va="center", fontsize=size,
+                color=color, style="italic")
+
+
+def title(ax, x, y, text, sub=""):
+    ax.text(x, y, text, ha="center", va="center", fontsize=11, fontweight="bold", color=INK)
+    if sub:
+        ax.annotate(sub, (x, y), xytext=(0, -15), textcoords="offset points", ha="center", va="center", fontsize=8,
+                    style="italic", color=NOTE)
+
+
+# --- docs/architecture.md and 08: which module owns what --------------------------------------------------
+
+def architecture() -> Figure:
+    """Which module owns what, and the path of one decode step on the default path."""
+    fig, ax = plt.subplots(figsize=(12, 7))
+    ax.set_xlim(0, 120)
+    ax.set_ylim(0, 70)
+    ax.axis("off")
+    fig.subplots_adjust(0, 0, 1, 1)
+    colors = {"top": "#dbe9f6", "engine": "#fdf1e1", "part": "#fff9c4", "low": "#e3f1df", "runner": "#fde3c4"}
+
+    def box(x0, y0, x1, y1, title, lines=(), kind="engine", title_size=9, size=8):
+        ax.add_patch(FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=0.8",
+                                    fc=colors[kind], ec="#555555", lw=1))
+        ax.text((x0 + x1) / 2, y1 - 0.8, title, ha="center", va="top", fontsize=title_size, fontweight="bold")
+        ax.text((x0 + x1) / 2, y1 - 2.9, "\n".join(lines), ha="center", va="top", fontsize=size,
+                linespacing=1.3)
+
+    def link(p0, p1, label="", dx=0.0, dy=0.0, ha="center"):  # a structural relation: grey, thin
+        ax.add_patch(FancyArrowPatch(p0, p1, arrowstyle="-|>", mutation_scale=10, color="#888888", lw=1))
+        if label:
+            ax.text((p0[0] + p1[0]) / 2 + dx, (p0[1] + p1[1]) / 2 + dy, label, ha=ha, va="center", fontsize=7.5,
+                    color="#666666", style="italic")
+
+    def step(num, p0, p1, label="", at=0.5, dx=1.2, dy=0.0, ha="left", rad=0.0):  # the path of one step
+        ax.add_patch(FancyArrowPatch(p0, p1, arrowstyle="-|>", mutation_scale=14, color="#c0392b", lw=1.8,
+                                     connectionstyle=f"arc3,rad={rad}", shrinkA=0, shrinkB=0))
+        x, y = p0[0] + at * (p1[0] - p0[0]), p0[1] + at * (p1[1] - p0[1])
+        x, y = x + rad / 2 * (p1[1] - p0[1]), y - rad / 2 * (p1[0] - p0[0])  # on an arc: its middle
+        marker(x, y, num)
+        if label:
+            ax.text(x + dx, y + dy, label, ha=ha, va="center", fontsize=8, color="#922b21",
+                    bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85})
+
+    def marker(x, y, num):
+        ax.text(x, y, str(num), ha="center", va="center", fontsize=8, fontweight="bold", color="white",
+                bbox={"boxstyle": "circle,pad=0.2", "fc": "#c0392b", "ec": "none"})
+
+    ax.text(60, 68.8, "nanovllm_edu: which module owns what, and the path of one decode step (LLM, default path)",
+            ha="center", va="center", fontsize=11, fontweight="bold")
+    ax.text(60, 66.7, "(NN): the notebook that exports it.  Grey: how the classes relate.  Red: one step, in order.",
+            ha="center", va="center", fontsize=8, style="italic", color="#666666")
+    # top: the user-facing classes
+    box(3, 58, 44, 65.3, "LLM  (llm.py, 15)", ["class LLM(AsyncLLMEngine): generate, chat",
+                                               "build_runner: the runner's parts from the engine args"], "top")
+    box(52, 58, 84, 65.3, "OnlineLLM  (online.py, 19)", ["class OnlineLLM(LLM): an engine loop in a",
+                                                         "thread; submit, abort, streams"], "top")
+    box(91, 58, 117, 65.3, "serve/  (21, 22)", ["app.py, protocol.py: an OpenAI-", "compatible server on OnlineLLM"],
+        "top")
+    link((52, 61.8), (44, 61.8), "subclass", dy=1.0)
+    link((91, 61.8), (84, 61.8), "uses", dy=1.0)
+    # engine/
+    ax.add_patch(FancyBboxPatch((1.5, 18.5), 117, 37, boxstyle="round,pad=0,rounding_size=1", fc="#fbfaf6",
+                                ec="#999999", lw=1, ls="--"))
+    ax.text(2.5, 54.6, "engine/", fontsize=10, fontweight="bold", va="center")
+    ax.text(117.5, 54.6, "engine/ never imports llm.py, online.py, serve/, course/, bench/, labs/", ha="right",
+            va="center", fontsize=7.5, style="italic", color="#666666")
+    box(3, 44.5, 44, 53, "EngineCore / LLMEngine / AsyncLLMEngine", ["engine_core.py (08), llm_engine.py (09),",
+                                                                       "async_scheduling.py (12): generate, steps:",
+                                                                       "launch + complete; record_outputs, fork"])
+    box(3, 29.5, 24, 39, "Scheduler", ["scheduler.py (06): schedule,", "reserve + commit, abort;",
+                                       "AsyncScheduler (12):", "can_schedule_ahead"], size=7.5)
+    box(27, 29.5, 44, 39, "Sequence", ["sequence.py (03)", "tokens, status,", "block_table"], size=7.5)
+    box(3, 20, 44, 26.5, "BlockManager / PrefixCachingBlockManager",
+        ["block_manager.py (03), prefix_cache.py (05)"], size=7.5)
+    box(53, 20, 117, 53, "ModelRunner  (model_runner.py, 07)",
+        ["one device: the model (its shard), the paged KV cache, the Sampler",
+         "launch: prepare_prefill | prepare_decode, ranks.run_step(execute)",
+         "execute: device_inputs, forward, sample; token_ids: wait",
+         "and parts it holds, chosen by build_runner (also features, 09):"], "runner")
+    parts = [("carry", ["NoCarry (07) |", "AsyncCarry (12)", "async_scheduling.py", "mark_pending, fill_pending"]),
+             ("ranks", ["LocalRanks (07) |", "TensorParallelRanks (15)", "tp_worker.py", "run_step, call, wait"]),
+             ("forward", ["EagerForward (07) |", "CUDAGraphForward (13)", "cuda_graph.py",
+                          "runner.forward_pass(step)"])]
+    for i, (name, lines) in enumerate(parts):
+        x0 = 55 + i * 20.5
+        box(x0, 21.5, x0 + 19, 34, name, lines, "part", size=7.5)
+    # below the engine
+    ax.text(2.5, 17.2, "below the engine: layers/, kernels/, models/, utils/ never import engine/", fontsize=7.5,
+            style="italic", color="#666666", va="center")
+    box(3, 7, 44, 15.5, "StepInputs  (utils/step_inputs.py, 04)",
+        ["one per step: input_ids, positions, slot_mapping,", "block_tables, cu_seqlens, context_lens;",
+         "read by the attention backends"], "low", size=7.5)
+    box(53, 7, 71, 15.5, "kernels/ (Triton)", ["store_kvcache (04)", "paged_attention,", "qk_norm_rope (11)",
+                                                "sampling (14)"], "low", size=7.5)
+    box(75, 7, 95, 15.5, "layers/", ["backends/: torch,", "triton, flash_attn (04, 11)", "Sampler (07)",
+                                      "linear, norms, RoPE (02)"], "low", size=7.5)
+    box(99, 7, 117, 15.5, "models/", ["registry: model_type", "-> Qwen3ForCausalLM", "qwen3.py (02)"], "low", size=7.5)
+    link((40, 58), (62, 53), "build_runner", dx=2, dy=1.2, ha="left")
+    # the path of one step
+    step(1, (10, 58), (10, 53), "generate -> steps()")
+    step(6, (25, 53), (25, 58), "results")
+    step(2, (8, 44.5), (8, 39), "schedule")
+    step(2, (8, 29.5), (8, 26.5), "blocks")
+    step(6, (17, 44.5), (17, 39), "reserve |\ncommit")
+    step(3, (44, 50.5), (53, 50.5), "launch", at=0.5, dx=0, dy=1.4, ha="center")
+    step(6, (53, 47), (44, 47), "token_ids\n(wait)", at=0.5, dx=0, dy=-2.2, ha="center")
+    step(3, (55, 24), (40, 15.5), "prepare", at=0.55, dx=1.4, dy=-0.3)
+    step(4, (65.5 + 20.5, 34), (65.5 + 41, 34), "run_step -> execute", dx=0, dy=2.2, ha="center", rad=-0.35)
+    step(4, (106.5, 21.5), (106.5, 15.5), "forward")
+    step(4, (99, 11), (95, 11))
+    step(4, (75, 11), (71, 11))
+    step(5, (86, 21.5), (86, 15.5), "sample")
+    # the legend: the path in words
+    legend = ["LLMEngine.generate -> steps() (LLM is an AsyncLLMEngine)",
+              "Scheduler.schedule: the batch; it asks the BlockManager for blocks",
+              "LLMEngine.launch -> ModelRunner.launch: StepInputs, SamplingInputs; reserve",
+              "ranks.run_step -> execute: the forward part -> Qwen3ForCausalLM -> attention backend -> kernels",
+              "sample: the Sampler (layers/sampler.py) on the SamplingInputs, one token per row",
+              "LLMEngine.complete: token_ids (wait) -> Scheduler.commit -> record_outputs -> results"]
+    for i, text in enumerate(legend):
+        x, y = 3 + (i // 3) * 57, 5 - (i % 3) * 1.9
+        marker(x, y, i + 1)
+        ax.text(x + 1.3, y, text, va="center", fontsize=7.5)
+    return fig
+
+
+# --- 00: the course map ------------------------------------------------------------------------------------
+
+LESSONS = [  # (number, title, what it adds to the package), in the course's three parts
+    ("make it work", [("00", "setup", "utils/device, assets"), ("01", "tokenizer", "config"),
+                      ("02", "Qwen3 model", "layers/, models/"), ("03", "paged blocks", "sequence,\nblock_manager"),
+                      ("04", "KV cache", "store kernel,\nstep_inputs, backends"), ("05", "prefix hashing", "prefix_cache"),
+                      ("06", "scheduler", "scheduler"), ("07", "model runner", "sampler,\nmodel_runner"),
+                      ("08", "engine core", "engine_core"), ("09", "request features", "llm_engine,\nsampling_features"),
+                      ("10", "watching", "course/")]),
+    ("make it fast", [("11", "Triton attention", "paged_attention,\nqk_norm_rope"), ("12", "async scheduling",
+                                                                                    "async_scheduling"),
+                      ("13", "CUDA graphs", "cuda_graph"), ("14", "Triton sampler", "kernels/sampling"),
+                      ("15", "tensor parallel", "layers/parallel,\ntp_worker, llm"), ("16", "benchmark", "bench/"),
+                      ("17", "benchmark results", "bench/plots"), ("18", "benchmark CLI", "bench/cli")]),
+    ("serve it", [("19", "serving: loop", "online"), ("20", "serving: latency", "bench/online"),
+                  ("21", "OpenAI protocol", "serve/protocol"), ("22", "OpenAI server", "serve/app")]),
+]
+
+
+def course_map() -> Figure:
+    """Which lesson builds which part of the package, in the order the course builds them."""
+    fig, ax = canvas(14, 5.4, 140, 62, ymin=8)
+    title(ax, 70, 60.5, "The course: each lesson adds one part of nanovllm_edu",
+          "lesson, title, and what it exports (modules of nanovllm_edu); every notebook runs on a CPU; 11-18 measure on an H200")
+    colours = [GREEN, BLUE, ORANGE]
+    for row, ((part, lessons), colour) in enumerate(zip(LESSONS, colours)):
+        y = 44 - row * 14
+        ax.text(1, y + 5, part, fontsize=10, fontweight="bold", va="center", rotation=90, ha="center")
+        for i, (num, name, exports) in enumerate(lessons):
+            x = 3.5 + i * 12.4
+            box(ax, x, y, 11.4, 10, "", fc=colour, rounded=True)
+            ax.text(x + 5.7, y + 7.6, f"{num}\n{name}", ha="center", va="center", fontsize=7.4, fontweight="bold",
+                    linespacing=1.15)
+            ax.text(x + 5.7, y + 2.6, exports, ha="center", va="center", fontsize=6.4, color=INK, linespacing=1.15)
+            if i:
+                arrow(ax, (x - 1.0, y + 5), (x, y + 5), color=NOTE, lw=0.8)
+    for i, (num, name, what) in enumerate([("A1", "labs", "checkers per stage,\nstudent editions"),
+                                           ("B1", "performance log", "every speed change\nand its record"),
+                                           ("C1", "solutions", "an answer for every\nquestion Q<NN>.<k>")]):
+        x = 58 + i * 27
+        box(ax, x, 16, 24, 10, "", fc=GREY, rounded=True)
+        ax.text(x + 12, 23.4, f"{num} {name}", ha="center", va="center", fontsize=8, fontweight="bold")
+        ax.text(x + 12, 19.2, what, ha="center", va="center", fontsize=7, linespacing=1.2)
+    ax.text(58, 28, "appendices", fontsize=9, fontweight="bold", va="center")
+    ax.text(3.5, 12, "Order rule: a lesson imports only from lessons before it (tests/test_00_import_rules.py).\n"
+                       "The engine generates text in 07-08 on the torch attention backend; 11-15 make the same "
+                       "engine fast without changing its greedy output.", fontsize=8, va="top", color=NOTE,
+            linespacing=1.4)
+    return fig
+
+
+# --- 03: block tables over the block pool ------------------------------------------------------------------
+
+def block_tables() -> Figure:
+    """Three sequences, their block tables, and the shared pool of KV blocks those tables point into."""
+    block_size, num_blocks = 4, 12
+    seqs = [("seq A", 10, [7, 2, 5]), ("seq B", 6, [0, 9]), ("seq C", 3, [4])]  # name, tokens, block_table
+    fig, ax = canvas(12, 5.0, 120, 50)
+    title(ax, 60, 48, "Paged KV blocks: each sequence's block_table maps its logical blocks to pool blocks",
+          f"block_size = {block_size}: token i of a sequence lives in block block_table[i // block_size], at offset "
+          "i % block_size")
+    pool_xy = {b: (84 + (b % 4) * 8.6, 33 - (b // 4) * 8) for b in range(num_blocks)}
+    owners = {b: (row, j) for row, (_, _, table) in enumerate(seqs) for j, b in enumerate(table)}
+    for row, (name, num_tokens, table) in enumerate(seqs):
+        y = 36 - row * 11
+        ax.text(1, y + 1.6, name, fontsize=9, fontweight="bold", va="center")
+        for t in range(len(table) * block_size):  # the tokens, grouped in logical blocks
+            x = 8 + t * 3 + (t // block_size) * 0.8
+            filled = t < num_tokens
+            box(ax, x, y, 3, 3.2, str(t) if filled else "", fc=OWNER_COLOURS[row] if filled else "white", size=7,
+                ls="-" if filled else ":")
+        for j in range(len(table)):
+            ax.text(8 + j * (block_size * 3 + 0.8) + 6, y - 1.1, f"logical block {j}", ha="center", fontsize=6.5,
+                    color=NOTE, va="center")
+        ax.text(53, y + 4.6, "block_table", fontsize=7.5, family="monospace", va="center")
+        for j, block_id in enumerate(table):  # the table: one pool block id per logical block
+            box(ax, 53 + j * 4, y, 4, 3.2, str(block_id), fc=OWNER_COLOURS[row], size=8, weight="bold")
+    # one token's way: seq A's token 9 -> block_table[9 // 4 = 2] = 5 -> block 5, offset 9 % 4 = 1
+    token9 = (8 + 9 * 3 + 2 * 0.8 + 1.5, 36)
+    arrow(ax, token9, (53 + 2 * 4 + 2, 36), color=RED, lw=1.4, rad=0.35, label="9 // 4 = 2", dy=-3.2)
+    bx, by = pool_xy[5]
+    arrow(ax, (53 + 3 * 4, 37.6), (bx, by + 4), color=RED, lw=1.4, rad=0.1, label="block 5,\noffset 9 % 4 = 1",
+          dx=-1, dy=2.5)
+    ax.text(98, 42, "the block pool (BlockManager)", ha="center", fontsize=9, fontweight="bold")
+    for b, (x, y) in pool_xy.items():
+        if b in owners:
+            row, j = owners[b]
+            box(ax, x, y, 7.6, 6, f"block {b}\n{seqs[row][0]} [{j}]", fc=OWNER_COLOURS[row], size=6.8,
+                weight="bold" if b == 5 else "normal")
+        else:
+            box(ax, x, y, 7.6, 6, f"block {b}\nfree", fc=GREY, size=6.8)
+    ax.text(1, 7, "A sequence takes a new block only when its last one is full (seq A's block 5 has 2 free slots). "
+                  "Any free block will do:\na sequence's blocks need not be adjacent, and no memory is reserved for "
+                  f"tokens not yet generated. Free: {num_blocks - len(owners)} of {num_blocks} blocks.",
+            fontsize=8, va="top", color=NOTE, linespacing=1.4)
+    return fig
+
+
+# --- 04: the KV-cache tensor and the slot formula ----------------------------------------------------------
+
+def kv_cache_slots() -> Figure:
+    """The one cache tensor, one layer's K view as a grid of slots, and how a token's slot is computed."""
+    block_size, num_blocks = 4, 8
+    fig, ax = canvas(12, 5.4, 120, 54)
+    title(ax, 60, 52, "The KV cache: one tensor, and a slot for every token",
+          "kv_cache[2, num_layers, num_blocks, block_size, num_kv_heads, head_dim]: K and V of every layer")
+    # the tensor's first two axes
+    for i, name in enumerate(["K", "V"]):
+        for layer in range(3):
+            x, y = 3 + i * 13 + layer * 1.2, 34 - layer * 1.2
+            box(ax, x, y, 10, 7, f"{name}, layer {2 - layer}" if layer == 2 else "", fc=BLUE if i == 0 else ORANGE,
+                size=7.5)
+    ax.text(16, 28, "kv_cache[0] = K, kv_cache[1] = V;\nk_cache = kv_cache[0, layer] is what\nlayer `layer`'s "
+                    "attention reads and writes", ha="center", va="top", fontsize=7.5, color=NOTE, linespacing=1.3)
+    arrow(ax, (28, 34), (40, 34), color=NOTE)
+    ax.text(34, 31.5, "one layer's K", ha="center", fontsize=7, color=NOTE, style="italic")
+    # the slot grid of one layer's K
+    x0, y0, cw, ch = 44, 10, 6, 4
+    ax.text(x0 + block_size * cw / 2, y0 + num_blocks * ch + 2.4, "k_cache viewed as [num_slots, kv_heads, head_dim]",
+            ha="center", fontsize=8, fontweight="bold")
+    for b in range(num_blocks):
+        y = y0 + (num_blocks - 1 - b) * ch
+        ax.text(x0 - 1, y + ch / 2, f"block {b}", ha="right", va="center", fontsize=7.5)
+        for off in range(block_size):
+            slot = b * block_size + off
+            mark = slot == 21
+            box(ax, x0 + off * cw, y, cw, ch, f"slot {slot}", fc=RED if mark else (BLUE if b in (7, 2, 5) else "white"),
+                size=6.5, weight="bold" if mark else "normal")
+    for off in range(block_size):
+        ax.text(x0 + off * cw + cw / 2, y0 - 1.3, f"offset {off}", ha="center", fontsize=6.5, color=NOTE)
+    ax.text(x0, y0 - 4, "blue: the blocks of the sequence on the right (block_table = [7, 2, 5]);\neach slot holds one "
+            "token's keys for every KV head: [num_kv_heads, head_dim]", fontsize=7, color=NOTE, va="top",
+            linespacing=1.3)
+    # the formula, worked for one token
+    fx = 78
+    ax.text(fx, 44, "slot_mapping: where each new token is stored", fontsize=9, fontweight="bold")
+    lines = ["block_table = [7, 2, 5], block_size = 4;",
+             "the token at position p = 9:",
+             "",
+             "block  = block_table[p // block_size]",
+             "       = block_table[2] = 5",
+             "offset = p % block_size = 1",
+             "slot   = block * block_size + offset",
+             "       = 5 * 4 + 1 = 21",
+             "",
+             "The store kernel writes the step's new",
+             "keys and values to k_cache[slot] and",
+             "v_cache[slot]; slot -1 marks a padding",
+             "row, never stored. Attention reads",
+             "them back through the block table."]
+    ax.text(fx, 41, "\n".join(lines), fontsize=7.6, va="top", family="monospace", linespacing=1.45)
+    return fig
+
+
+# --- 05: the prefix-hash chain -----------------------------------------------------------------------------
+
+def prefix_hash_chain() -> Figure:
+    """Two prompts sharing two full blocks: chained hashes, the hash -> block map, ref counts."""
+    fig, ax = canvas(12, 5.2, 120, 52)
+    title(ax, 60, 50, "Prefix caching: a full block is found by a hash of its tokens and of every block before it",
+          "h_i = hash(h_(i-1), tokens of block i), h_(-1) = -1: equal hashes mean equal prefixes, not just equal blocks")
+    rows = [("prompt 1", ["system", "prompt", "question 1"], [3, 8, 1]), ("prompt 2", ["system", "prompt", "question 2"],
+                                                                         [3, 8, 6])]
+    hashes = ["h0 = hash(-1, system)", "h1 = hash(h0, prompt)", ["h2 = hash(h1, question 1)", "h2' = hash(h1, question 2)"]]
+    for r, (name, blocks, table) in enumerate(rows):
+        y = 34 - r * 13
+        ax.text(1, y + 2, name, fontsize=9, fontweight="bold", va="center")
+        for j, tokens in enumerate(blocks):
+            x = 10 + j * 19
+            shared = j < 2
+            box(ax, x, y, 16, 4, tokens, fc=GREEN if shared else OWNER_COLOURS[r], size=8)
+            h = hashes[j] if shared else hashes[2][r]
+            ax.text(x + 8, y - 1.6, h, ha="center", fontsize=6.8, family="monospace", color=INK)
+            if j:
+                arrow(ax, (x - 3, y + 2), (x, y + 2), color=NOTE, lw=0.8)
+        ax.text(10, y - 4.4, f"block_table = {table}", fontsize=8, family="monospace", va="center")
+    # the map and the pool
+    ax.text(95, 42, "hash_to_block_id  ->  pool", ha="center", fontsize=9, fontweight="bold")
+    pool = [(3, "h0", 2, GREEN), (8, "h1", 2, GREEN), (1, "h2", 1, BLUE), (6, "h2'", 1, ORANGE), (4, "h(old)", 0, GREY)]
+    for i, (block_id, h, ref, colour) in enumerate(pool):
+        y = 36 - i * 5.5
+        ax.text(84, y + 2, h, ha="right", fontsize=8, family="monospace", va="center")
+        arrow(ax, (85, y + 2), (89, y + 2), color=NOTE, lw=0.8)
+        box(ax, 89, y, 14, 4, f"block {block_id}", fc=colour, size=8)
+        ax.text(104, y + 2, f"ref_count {ref}", fontsize=7.5, va="center")
+    ax.text(89, 11.5, "ref_count 0: free, yet still cached; a new\nprompt with h(old) revives it, unless the pool\n"
+                      "handed it out first (then its hash is dropped)", fontsize=7, color=NOTE, va="top",
+            linespacing=1.3)
+    ax.text(1, 8, "Prompt 2 arrives after prompt 1: its first two hashes are in the map, so blocks 3 and 8 are shared "
+                  "(ref_count 2) and its\nnum_cached_tokens is 2 blocks' worth; only its third block is computed. "
+                  "Only full blocks are hashed: a partial block can still change.", fontsize=8, va="top", color=NOTE,
+            linespacing=1.4)
+    return fig
+
+
+# --- 06: one scheduler step --------------------------------------------------------------------------------
+
+def scheduler_step() -> Figure:
+    """The queues, the token budget, a chunked prefill step, and a decode step that must preempt."""
+    fig, ax = canvas(12, 6.4, 120, 64)
+    title(ax, 60, 62, "The scheduler: one step at a time, prefill or decode",
+          "max_num_batched_tokens = 64 (the token budget), max_num_seqs = 4, blocks of 16 tokens")
+    # panel 1: a prefill step
+    ax.text(2, 54, "a prefill step", fontsize=10, fontweight="bold")
+    ax.text(2, 50.5, "waiting", fontsize=8, va="center")
+    for i, (name, n) in enumerate([("r3: 40", BLUE), ("r4: 50", ORANGE), ("r5: 20", GREEN)]):
+        box(ax, 12 + i * 10, 48.8, 9, 3.4, name, fc=n, size=7.5)
+    ax.text(2, 44.5, "budget", fontsize=8, va="center")
+    box(ax, 12, 43, 40 * 0.9, 3.4, "r3: all 40 tokens", fc=BLUE, size=7.5)
+    box(ax, 12 + 36, 43, 24 * 0.9, 3.4, "r4: a chunk of 24", fc=ORANGE, size=7.5)
+    ax.add_patch(Rectangle((12, 43), 64 * 0.9, 3.4, fill=False, ec=RED, lw=1.6))
+    ax.text(12 + 64 * 0.9 + 1, 44.7, "64", color=RED, fontsize=8, va="center", fontweight="bold")
+    ax.text(2, 39, "Waiting prompts are admitted in order while blocks, seats and budget last. The last one is cut "
+                   "to a chunk (r4: 24 of 50;\nthe rest next step); r5 waits. A prefill step holds no decodes (the "
+                   "separate-steps policy).", fontsize=7.5, color=NOTE, va="top", linespacing=1.35)
+    # panel 2: a decode step that preempts
+    ax.text(2, 29, "a decode step that preempts", fontsize=10, fontweight="bold")
+    ax.text(2, 25, "running", fontsize=8, va="center")
+    states = [("r0", "16/16: needs a block", BLUE), ("r1", "9/16", ORANGE), ("r2", "16/16: needs a block", GREEN),
+              ("r3", "newest", PURPLE)]
+    for i, (name, note, colour) in enumerate(states):
+        x = 12 + i * 19
+        box(ax, x, 23.3, 17, 3.4, f"{name}  ({note})", fc=colour, size=7)
+    ax.text(2, 19, "pool", fontsize=8, va="center")
+    box(ax, 12, 17.3, 17, 3.4, "1 free block", fc=GREY, size=7.5)
+    arrow(ax, (20.5, 20.7), (20.5, 23.3), color=INK, lw=1, label="r0 takes it", dx=5)
+    arrow(ax, (12 + 3 * 19 + 8.5, 23.3), (94, 15), color=RED, lw=1.4, rad=-0.2, label="preempt the newest:\nits "
+          "blocks are freed", dx=6, dy=2)
+    box(ax, 88, 11.5, 22, 3.4, "waiting: r3 (front)", fc=PURPLE, size=7.5)
+    ax.text(59.5, 21.5, "r2 takes one\nof r3's blocks", ha="center", va="top", fontsize=7, style="italic")
+    ax.text(2, 13, "Every running request decodes one token. A request whose last block is full needs a new one; "
+                   "when the pool is empty the\nscheduler preempts from the back of running (the newest request, "
+                   "least work to lose): its blocks return to the pool,\nand it goes back to the front of waiting, to "
+                   "be recomputed later (prefix caching may keep its full blocks).", fontsize=7.5, color=NOTE,
+            va="top", linespacing=1.35)
+    return fig
+
+
+# --- 11: online softmax and the decode kernel's grid -------------------------------------------------------
+
+def online_softmax() -> Figure:
+    """One row of scores read in tiles: the running max m and sum l, rescaled whenever m grows."""
+    import numpy as np
+
+    scores = np.array([0.5, 1.0, 0.2, 0.8, 2.6, 1.9, 0.1, 2.2, 3.4, 0.3, 1.1, 2.0])  # one query's scores, 3 tiles of 4
+    tile = 4
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1.25, 1]})
+    ax = axes[0]
+    ax.bar(range(len(scores)), scores, color=[OWNER_COLOURS[i // tile] for i in range(len(scores))], ec="#555555")
+    m, l, ms, ls = -np.inf, 0.0, [], []
+    for t in range(len(scores) // tile):
+        s = scores[t * tile:(t + 1) * tile]
+        m_new = max(m, s.max())
+        l = l * np.exp(m - m_new) + np.exp(s - m_new).sum()  # the old sum, rescaled to the new max, plus this tile
+        m = m_new
+        ms.append(m)
+        ls.append(l)
+        ax.hlines(m, t * tile - 0.4, t * tile + tile - 0.6, color=RED, lw=2)
+        ax.text(t * tile + 1.5, m + 0.15, f"m = {m:.1f}", ha="center", color=RED, fontsize=8)
+        ax.text(t * tile + 1.5, -0.45, f"tile {t}", ha="center", fontsize=8)
+    ax.set_ylim(-0.7, 4.2)
+    ax.set_xticks(range(len(scores)))
+    ax.set_xlabel("key position")
+    ax.set_ylabel("score q·k / sqrt(d)")
+    ax.set_title("the running max m after each tile", fontsize=10)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax = axes[1]
+    ax.axis("off")
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 10)
+    ax.text(0, 9.6, "per tile, for each query row:", fontsize=9, fontweight="bold")
+    ax.text(0, 8.9, "m' = max(m, max(s_tile))\nl  = l * exp(m - m') + sum(exp(s_tile - m'))\n"
+                    "acc = acc * exp(m - m') + exp(s_tile - m') @ V_tile\nat the end: out = acc / l",
+            fontsize=8.5, family="monospace", va="top", linespacing=1.5)
+    rows = ["tile    m      l (the running sum)"]
+    for t, (m_t, l_t) in enumerate(zip(ms, ls)):
+        rows.append(f"{t:>4}  {m_t:5.2f}  {l_t:8.4f}")
+    full = np.exp(scores - scores.max()).sum()
+    rows += ["", f"one pass over the whole row: l = {full:.4f}", "(the same: no tile needs the others' scores)"]
+    ax.text(0, 5.4, "\n".join(rows), fontsize=8.5, family="monospace", va="top", linespacing=1.45)
+    ax.text(0, 0.3, "exp(m - m') < 1 shrinks what was summed against the old max;\nthe kernels use exp2 with log2(e) "
+                    "folded into the scale.", fontsize=7.5, color=NOTE)
+    fig.suptitle("Online softmax: attention over a long row in tiles, never holding the whole row", fontsize=11,
+                 fontweight="bold")
+    fig.tight_layout()
+    return fig
+
+
+def decode_grid() -> Figure:
+    """The flash-decoding grid: programs (kv_head, sequence, split), GQA rows per program, then the reduce."""
+    fig, ax = canvas(12, 5.8, 120, 58, ymin=1)
+    title(ax, 60, 56, "The decode kernel's grid: one program per (KV head, sequence, split), then a reduce",
+          "Qwen3-0.6B: 16 query heads, 8 KV heads: GROUP = 2 query heads share each KV head")
+    # one sequence's context split in parts
+    ax.text(2, 44, "sequence b, KV head h:\nits context (block_table's tiles)", fontsize=8, va="center")
+    splits, tiles_per_split = 3, 4
+    for sp in range(splits):
+        for t in range(tiles_per_split):
+            x = 24 + (sp * tiles_per_split + t) * 5.2 + sp * 1.5
+            last = sp == splits - 1 and t == tiles_per_split - 1
+            box(ax, x, 42, 5.2, 4, "" if not last else "...", fc=OWNER_COLOURS[sp] if not last else "white", size=7,
+                ls=":" if last else "-")
+        xs = 24 + sp * (tiles_per_split * 5.2 + 1.5)
+        ax.text(xs + tiles_per_split * 2.6, 48, f"split {sp}", ha="center", fontsize=8, fontweight="bold")
+    ax.text(24, 39.5, "BLOCK_N keys per tile; a split covers tiles_per_split = ceil(tiles / num_splits) of them; the "
+                      "last split may be short", fontsize=7, color=NOTE)
+    # the programs
+    for sp in range(splits):
+        x = 24 + sp * (tiles_per_split * 5.2 + 1.5)
+        box(ax, x, 24, tiles_per_split * 5.2, 11, "", fc=OWNER_COLOURS[sp], rounded=True)
+        ax.text(x + tiles_per_split * 2.6, 33.2, f"program (h, b, {sp})", ha="center", fontsize=8, fontweight="bold")
+        ax.text(x + tiles_per_split * 2.6, 29.2, "rows: query heads 2h, 2h+1\n(padded to BLOCK_G = 16)\nreads each "
+                "K/V tile once", ha="center", va="center", fontsize=7, linespacing=1.3)
+        arrow(ax, (x + tiles_per_split * 2.6, 42), (x + tiles_per_split * 2.6, 35), color=NOTE, lw=0.8)
+        box(ax, x + 2, 15, tiles_per_split * 5.2 - 4, 4.5, "m, l, acc (float32)", fc="white", size=7)
+        arrow(ax, (x + tiles_per_split * 2.6, 24), (x + tiles_per_split * 2.6, 19.5), color=NOTE, lw=0.8)
+        arrow(ax, (x + tiles_per_split * 2.6, 15), (60, 10.5), color=RED, lw=1)
+    box(ax, 47, 6, 26, 4.5, "reduce: one program per (b, query head)", fc=GREY, size=7.5, weight="bold")
+    ax.text(60, 3.2, "out = sum_s acc_s * exp(m_s - m) / sum_s l_s * exp(m_s - m),  m = max_s m_s", fontsize=7.5,
+            family="monospace", va="center", ha="center")
+    ax.text(2, 30, "grid =\n(num_kv_heads,\n batch,\n num_splits)", fontsize=8.5, family="monospace", va="center",
+            linespacing=1.4)
+    ax.text(2, 18, "num_splits from shapes only\n(batch, KV heads, the block\ntable's width): CUDA-graph\nsafe. "
+                   "Small batches get more\nsplits to fill 132 SMs.", fontsize=7, color=NOTE, va="center",
+            linespacing=1.3)
+    return fig
+
+
+# --- 12: async scheduling's timeline -----------------------------------------------------------------------
+
+def async_timeline() -> Figure:
+    """CPU and GPU lanes for three decode steps, one after another and overlapped."""
+    fig, ax = canvas(12, 5.0, 120, 50)
+    title(ax, 60, 48, "Async scheduling: plan step n+1 on the CPU while step n runs on the GPU",
+          "S: schedule + prepare inputs (CPU)   F: forward + sample (GPU)   C: commit the sampled ids (CPU); "
+          "durations illustrative")
+    cpu_s, gpu_f, cpu_c = 3.0, 8.0, 1.5
+    lanes = [("synchronous", 35), ("async", 14)]
+    for name, y in lanes:
+        ax.text(2, y + 6.5, name, fontsize=10, fontweight="bold")
+        ax.text(2, y + 3.2, "CPU", fontsize=8, va="center")
+        ax.text(2, y - 0.8, "GPU", fontsize=8, va="center")
+        ax.hlines([y + 1.4], 10, 116, color="#dddddd", lw=0.8)
+    # synchronous: S F C one after another; the GPU waits for the CPU
+    t = 10.0
+    for n in range(3):
+        box(ax, t, 36.5, cpu_s * 1.6, 3.4, f"S{n}", fc=BLUE, size=7.5)
+        t += cpu_s * 1.6
+        box(ax, t, 32.5, gpu_f * 1.6, 3.4, f"F{n}", fc=ORANGE, size=7.5)
+        t += gpu_f * 1.6
+        box(ax, t, 36.5, cpu_c * 1.6, 3.4, f"C{n}", fc=GREEN, size=7.5)
+        t += cpu_c * 1.6
+        if n < 2:
+            ax.add_patch(Rectangle((t - cpu_c * 1.6, 32.5), (cpu_c + cpu_s) * 1.6, 3.4, fc="white", ec=RED, ls=":",
+                                   lw=1))
+    sync_end = t
+    ax.text(sync_end + 1, 34.2, "3 steps", fontsize=7.5, va="center")
+    # async: the CPU plans S(n+1) while F(n) runs, then waits for F(n) and commits it (C(n)); the GPU runs back to back
+    k = 1.6
+    f_start = [10 + cpu_s * k + n * gpu_f * k for n in range(3)]
+    cpu = [("S0", 10, BLUE), ("S1", f_start[0], BLUE)]
+    for n in range(3):
+        cpu.append((f"C{n}", f_start[n] + gpu_f * k, GREEN))
+        if n + 2 < 3:
+            cpu.append((f"S{n + 2}", f_start[n] + gpu_f * k + cpu_c * k, BLUE))
+    for name, t, colour in cpu:
+        box(ax, t, 15.5, (cpu_s if name[0] == "S" else cpu_c) * k, 3.4, name, fc=colour, size=7.5)
+    for n in range(3):
+        box(ax, f_start[n], 11.5, gpu_f * k, 3.4, f"F{n}", fc=ORANGE, size=7.5)
+    t_gpu = f_start[-1] + gpu_f * k
+    ax.text(t_gpu + cpu_c * 1.6 + 1, 13.2, "3 steps", fontsize=7.5, va="center")
+    ax.text(sync_end - 20, 29.5, "red dotted: the GPU idles while the CPU commits and schedules", fontsize=7,
+            color=RED)
+    ax.text(2, 7.5, "S(n+1) is planned before F(n)'s tokens exist: each sequence gets a placeholder (PENDING_TOKEN) "
+                    "that reserve appends and commit fills;\nthe step's input ids for those rows are read on the GPU "
+                    "from F(n)'s output, so the host never waits for them. Finish rules that need an id (EOS, "
+                    "stop)\nrun in commit, so a sequence may be planned one step past its end: that step's token is "
+                    "dropped.", fontsize=7.5, va="top", color=NOTE, linespacing=1.4)
+    return fig
+
+
+# --- 13: a CUDA graph's static buffers and shared pool -----------------------------------------------------
+
+def cuda_graph_buffers() -> Figure:
+    """Static input buffers of max_bs rows, one graph per batch size, a 5-row step padded to the 8-row graph."""
+    fig, ax = canvas(12, 5.6, 120, 56)
+    title(ax, 60, 54, "CUDA graphs: replay a captured decode step on fixed buffers",
+          "capture_sizes: 1, 2, 4, 8, 16, 32, ... 512 (up to max_num_seqs); captured largest first, sharing one "
+          "memory pool")
+    names = ["input_ids", "positions", "slot_mapping", "context_lens", "block_tables", "outputs"]
+    rows, used, padded = 10, 5, 8
+    ax.text(3, 45, "static buffers (max_bs rows; the same addresses at every replay)", fontsize=8.5, fontweight="bold")
+    for c, name in enumerate(names):
+        x = 3 + c * 9.5
+        ax.text(x + 4.25, 42.5, name, ha="center", fontsize=7, family="monospace")
+        for r in range(rows):
+            y = 38 - r * 3
+            if r < used:
+                fc, text = BLUE, "step"
+            elif r < padded:
+                fc, text = GREY, {"slot_mapping": "-1", "context_lens": "0"}.get(name, "stale")
+            else:
+                fc, text = "white", ""
+            box(ax, x, y, 8.5, 2.6, text, fc=fc, size=6.3)
+    ax.text(3, 5.5, "A step of 5 decode rows: its inputs are copied into rows 0-4 (blue), the 8-row graph is replayed."
+                    " Rows 5-7 (grey) are padding:\nslot_mapping -1 stores nothing and context_lens 0 attends to "
+                    "nothing; their other inputs are stale, and their outputs are ignored.", fontsize=7.5, color=NOTE,
+            va="top", linespacing=1.4)
+    # graphs by batch size
+    gx = 66
+    ax.text(gx, 45, "one graph per batch size", fontsize=8.5, fontweight="bold")
+    for i, bs in enumerate([1, 2, 4, 8, 16]):
+        y = 38 - i * 5.2
+        chosen = bs == padded
+        box(ax, gx, y, 16, 3.8, f"graph bs={bs}", fc=ORANGE if chosen else "white", size=7.5,
+            weight="bold" if chosen else "normal", rounded=True)
+        ax.text(gx + 17, y + 1.9, "reads row 0" if bs == 1 else f"reads rows 0-{bs - 1}", fontsize=7, va="center",
+                color=NOTE)
+    ax.text(gx, 11.2, "...  up to 512", fontsize=7.5, color=NOTE)
+    arrow(ax, (58, 29), (gx, 23.2), color=RED, lw=1.3, label="5 rows -> padded_size = 8", dx=1, dy=-3.5)
+    box(ax, 98, 14, 20, 26, "", fc="#f4f1fa", rounded=True)
+    ax.text(108, 37.5, "shared memory pool", ha="center", fontsize=8, fontweight="bold")
+    ax.text(108, 27, "the intermediate tensors\nof every graph live here;\ncaptured largest first,\nthe others reuse "
+                     "its\nmemory: graphs never\nrun at the same time", ha="center", va="center", fontsize=7,
+            linespacing=1.35)
+    arrow(ax, (gx + 16, 24), (98, 24), color=NOTE, lw=0.8)
+    return fig
+
+
+# --- 15: tensor parallelism: column then row, one all-reduce ----------------------------------------------
+
+def tp_split() -> Figure:
+    """A column-parallel layer then a row-parallel one on 2 ranks: split output, partial sums, one all-reduce."""
+    fig, ax = canvas(12, 5.6, 120, 56)
+    title(ax, 60, 54, "Tensor parallelism on 2 ranks: column-parallel, then row-parallel, then one all-reduce",
+          "the MLP (gate_up_proj -> SiLU-gate -> down_proj); attention is the same with qkv_proj -> attention -> o_proj")
+    for rank, y in ((0, 30), (1, 9)):
+        c = OWNER_COLOURS[rank]
+        ax.text(2, y + 7, f"rank {rank}", fontsize=10, fontweight="bold")
+        box(ax, 2, y, 10, 5, "x\n[T, hidden]", fc="white", size=7)          # the full input on every rank
+        box(ax, 17, y - 2, 14, 9, f"W1: rows, half {rank}\nof the outputs\n(gate's and up's,\neach cut)", fc=c, size=7)
+        box(ax, 36, y, 10, 5, "gate, up\n[T, 2 x inter/2]", fc=c, size=7)
+        box(ax, 50, y, 10, 5, "SiLU(gate) * up\n[T, inter/2]", fc=c, size=6.5)
+        box(ax, 64, y - 2, 14, 9, f"W2: columns,\nhalf {rank} of\nthe inputs", fc=c, size=7)
+        box(ax, 82, y, 11, 5, f"partial z{rank}\n[T, hidden]", fc=c, size=7)
+        for x0, x1 in ((12, 17), (31, 36), (46, 50), (60, 64), (78, 82)):
+            arrow(ax, (x0, y + 2.5), (x1, y + 2.5), color=NOTE, lw=0.8)
+        box(ax, 105, y, 12, 5, "z = z0 + z1\n[T, hidden]", fc="white", size=7, weight="bold")
+    box(ax, 95, 21, 8, 6, "all-\nreduce\n(sum)", fc=RED, size=7.5, weight="bold")
+    for y in (32.5, 11.5):
+        arrow(ax, (93, y), (95, 24), color=RED, lw=1.2)
+        arrow(ax, (103, 24), (105, y), color=RED, lw=1.2)
+    ax.text(17, 41.5, "ColumnParallelLinear\n(MergedColumnParallelLinear)", ha="left", fontsize=7.5, color=NOTE)
+    ax.text(64, 41.5, "RowParallelLinear", ha="left", fontsize=7.5, color=NOTE)
+    ax.text(2, 4.5, "Column-parallel: each rank holds a slice of the output features and needs no communication; its "
+                    "split output is exactly the input slice the\nrow-parallel layer's shard expects. Row-parallel: "
+                    "each rank computes a partial sum of the full output; one all-reduce adds them. Two all-reduces "
+                    "per layer\n(o_proj, down_proj). QKV and gate/up are cut part by part (whole heads of q, k and v; "
+                    "rows of gate and of up), never the fused matrix as one.", fontsize=7.3, color=NOTE, va="top",
+            linespacing=1.4)
+    return fig
+
+
+DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawing, the lesson that shows it)
+    "course_map": (course_map, "00_setup"),
+    "architecture": (architecture, "08_engine_core"),
+    "block_tables": (block_tables, "03_paged_blocks"),
+    "kv_cache_slots": (kv_cache_slots, "04_kv_cache"),
+    "prefix_hash_chain": (prefix_hash_chain, "05_prefix_hashing"),
+    "scheduler_step": (scheduler_step, "06_scheduler"),
+    "online_softmax": (online_softmax, "11_triton_attention"),
+    "decode_grid": (decode_grid, "11_triton_attention"),
+    "async_timeline": (async_timeline, "12_async_scheduling"),
+    "cuda_graph_buffers": (cuda_graph_buffers, "13_cuda_graphs"),
+    "tp_split": (tp_split, "15_tensor_parallel"),
+}
+
+
+def draw(name: str, folder: Path) -> Path:
+    """Draw diagram `name` into `folder` as `name`.png; returns its path."""
+    fig = DIAGRAMS[name][0]()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    fig.savefig(path, dpi=110, metadata=PNG_METADATA)
+    plt.close(fig)
+    return path
