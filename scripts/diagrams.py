@@ -558,7 +558,7 @@ def cuda_graph_buffers() -> Figure:
     """Static input buffers of max_bs rows, one graph per batch size, a 5-row step padded to the 8-row graph."""
     fig, ax = canvas(12, 5.6, 120, 56)
     title(ax, 60, 54, "CUDA graphs: replay a captured decode step on fixed buffers",
-          "capture_sizes: 1, 2, 4, 8, 16, 32, ... 512 (up to max_num_seqs); captured largest first, sharing one "
+          "capture_sizes: 1, 2, 4, 8, then every 16 up to max_num_seqs (at most 512); captured largest first, sharing one "
           "memory pool")
     names = ["input_ids", "positions", "slot_mapping", "context_lens", "block_tables", "outputs"]
     rows, used, padded = 10, 5, 8
@@ -634,6 +634,36 @@ def tp_split() -> Figure:
     return fig
 
 
+def tp_processes() -> Figure:
+    """Who runs what under tensor parallelism: rank 0 drives, workers follow; two channels between them."""
+    fig, ax = canvas(12, 5.0, 120, 50)
+    title(ax, 60, 48, "Tensor parallelism: one driver process, N - 1 workers, two channels",
+          "commands travel through a pipe per worker; the forward pass's tensors through torch.distributed")
+    box(ax, 3, 8, 44, 32, "", fc="#eef4fb", rounded=True)
+    ax.text(25, 37.8, "rank 0: your Python process", ha="center", fontsize=9, fontweight="bold")
+    ax.text(25, 35.2, "LLM: tokenizer, Scheduler, BlockManager, runner 0", ha="center", fontsize=7.5)
+    box(ax, 73, 8, 44, 32, "", fc="#fdf1e1", rounded=True)
+    ax.text(95, 37.8, "rank 1 ... N-1: spawned workers", ha="center", fontsize=9, fontweight="bold")
+    ax.text(95, 35.2, "worker_main, runner r: no scheduler, no sequences", ha="center", fontsize=7.5)
+    left = ["build the StepInputs (CPU)", "inputs to its device", "forward: its shard", "gather the logits",
+            "sample, commit"]
+    right = ["wait for a command", "inputs to its device", "forward: its shard", "send its logits' slice",
+             "wait again"]
+    for i, (a, b) in enumerate(zip(left, right)):
+        y = 30 - i * 4.6
+        box(ax, 6, y, 38, 3.4, a, fc=BLUE if i != 2 else GREEN, size=7.5)
+        box(ax, 76, y, 38, 3.4, b, fc=ORANGE if i != 2 else GREEN, size=7.5)
+    arrow(ax, (44, 31.7), (76, 31.7), color=INK, label='pipe: ("run", StepInputs)', dy=1.3)
+    arrow(ax, (44, 22.5), (76, 22.5), color=RED, style="<|-|>", label="all-reduce, 2 per layer (gloo / NCCL)",
+          dy=1.3)
+    arrow(ax, (76, 17.9), (44, 17.9), color=RED, label="gather", dy=1.3)
+    ax.text(3, 5.5, "Each rank holds its shard of the model and of the KV cache, so every rank runs the same forward "
+                    "pass on the same StepInputs. Only rank 0 samples;\nunder async scheduling it broadcasts the "
+                    "sampled ids, which the next step's inputs read on every rank. A pipe can wait forever and "
+                    "reports a dead peer at once.", fontsize=7.5, color=NOTE, va="top", linespacing=1.4)
+    return fig
+
+
 DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawing, the lesson that shows it)
     "course_map": (course_map, "00_setup"),
     "architecture": (architecture, "08_engine_core"),
@@ -646,6 +676,7 @@ DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawi
     "async_timeline": (async_timeline, "12_async_scheduling"),
     "cuda_graph_buffers": (cuda_graph_buffers, "13_cuda_graphs"),
     "tp_split": (tp_split, "15_tensor_parallel"),
+    "tp_processes": (tp_processes, "15_tensor_parallel"),
 }
 
 
