@@ -1,11 +1,13 @@
 """Per-request metrics in every result (notebook 09): the marks of a request's life on one monotonic clock, in
 order, under sync and async scheduling, with preemptions counted and n > 1 completions combined."""
 import time
+from collections import Counter
 
 import pytest
 
 from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
+from nanovllm_edu.engine.llm_engine import RequestMetrics
 
 MARKS = ["arrival_time", "first_scheduled_time", "first_token_time", "last_token_time", "finished_time"]
 PROMPTS = ["Return the", "This module provides a class that", "Raise ValueError if the", "Create a new"]
@@ -37,13 +39,18 @@ def test_marks_are_in_order_and_inside_the_call(async_scheduling):
     assert one[0]["metrics"]["first_token_time"] == one[0]["metrics"]["last_token_time"]  # a single token
 
 
-def test_preemptions_are_counted_and_do_not_restamp_tokens(async_scheduling):
-    # 6 blocks of 16 tokens for 3 requests that each grow past 2 blocks: some must be preempted
+def test_preemptions_are_counted_and_every_token_is_stamped_once(async_scheduling, monkeypatch):
+    # 6 blocks of 16 tokens for 3 requests that each grow past 2 blocks: some must be preempted, and their
+    # recompute must not stamp the tokens they already had (RequestMetrics.token has no guard against it)
+    stamps = Counter()
+    original = RequestMetrics.token
+    monkeypatch.setattr(RequestMetrics, "token", lambda self, now: (stamps.update([id(self)]), original(self, now)))
     llm = LLM(tiny_model_path(), async_scheduling=async_scheduling, max_num_seqs=4, num_kvcache_blocks=6,
               kvcache_block_size=16)
     start = time.monotonic()
     outs = llm.generate(PROMPTS[:3], SamplingParams(temperature=0, max_tokens=28, ignore_eos=True), use_tqdm=False)
     end = time.monotonic()
+    assert sorted(stamps.values()) == [28, 28, 28]
     assert sum(out["metrics"]["num_preemptions"] for out in outs) >= 1
     assert sum(out["metrics"]["num_preemptions"] for out in outs) == llm.scheduler.num_preemptions
     for out in outs:

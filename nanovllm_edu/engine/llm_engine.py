@@ -246,19 +246,16 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
-    newest_token: int = -1  # index of the newest token stamped (a recomputed one, after a preemption, is not news)
 
     def scheduled(self, now: float) -> None:
         if self.first_scheduled_time is None:
             self.first_scheduled_time = now
 
-    def token(self, index: int, now: float) -> None:
-        """The id of the token at `index` reached the host at `now`."""
-        if index > self.newest_token:
-            self.newest_token = index
-            if self.first_token_time is None:
-                self.first_token_time = now
-            self.last_token_time = now
+    def token(self, now: float) -> None:
+        """A new token's id reached the host at `now` (called once per generated token)."""
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.last_token_time = now
 
 
 def request_metrics(seqs: list[Sequence]) -> dict:
@@ -368,7 +365,7 @@ def record_step(engine: LLMEngine, output: StepOutput, pending: list[tuple[Seque
     now = time.monotonic()
     for seq, index in rows:
         if seq.num_prompt_tokens <= index < seq.num_tokens:  # a new token (not a prompt chunk's, not void)
-            seq.metrics.token(index, now)
+            seq.metrics.token(now)
     if output.prompt_logprobs is not None:
         scored, columns = output.prompt_logprobs  # logprob, top ids, top logprobs, rank
         for (seq, position), lp, ids, lps, rank in zip(scored, *(t.tolist() for t in columns)):
