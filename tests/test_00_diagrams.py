@@ -12,7 +12,7 @@ import matplotlib.image as mpimg
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from diagrams import DIAGRAMS, draw  # noqa: E402
+from diagrams import DIAGRAMS, draw
 
 FOLDER = ROOT / "figures" / "diagrams"
 

@@ -35,6 +35,8 @@ if HAS_TRITON:  # the module must import without Triton (e.g. macOS); the PyTorc
         NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
+        """One program per token: read its slot (-1: return), load its [kv_heads, head_dim] key and value
+        through their strides, store them at the slot's rows of the contiguous caches."""
         token = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
         if slot < 0:  # padding: leave the cache alone

@@ -9,6 +9,9 @@ What it checks, per notebook:
   4. JupyterLab saved nothing (autosave is off, checkpoints go to a temporary folder; the server log has
      no "Saving file at").
 
+A student edition (`test_student_edition_shows_the_checkers_report`): notebook 04 with its solutions stubbed
+(appendix A1), run up to its first exercise; the checker cell must show the lab's report, not a traceback.
+
 The smoke notebook is written at test time into a temporary server root (nbval never sees it); course
 notebooks run from the repository itself. A screenshot lands in the test's tmp dir (always, and named
 `FAILED-*.png` on failure).
@@ -288,25 +291,13 @@ def test_harness_reports_a_failing_cell(tmp_path: Path):
         check_notebook_in_lab("smoke", tmp_path, smoke=broken)
 
 
-def check_notebook_in_lab(notebook: str, tmp_path: Path, smoke: dict = SMOKE_NOTEBOOK) -> None:
-    """Open `notebook` (a name in notebooks/, or "smoke") in JupyterLab, Run All, check; raise on a problem."""
+@contextlib.contextmanager
+def lab_page(root: Path, rel: str, tmp_path: Path):
+    """JupyterLab serving `root` with notebook `rel` open in headless Chromium and an idle kernel: yields the
+    page. On a failure inside the block: a full-page screenshot, the console errors and the server log."""
     from playwright.sync_api import sync_playwright
 
-    if notebook == "smoke":
-        root = tmp_path / "root"
-        root.mkdir()
-        nb_path = root / "widget_smoke.ipynb"
-        nb_path.write_text(json.dumps(smoke, indent=1))
-        rel, widget_selector = "widget_smoke.ipynb", ".nve-smoke-button"
-    else:
-        root, nb_path = REPO, NOTEBOOKS / notebook
-        rel, widget_selector = f"notebooks/{notebook}", COURSE_NOTEBOOKS.get(notebook, WIDGET)
-    before = _sha(nb_path)
-    timings = {}
-    t0 = time.monotonic()
-
     with jupyter_lab(root, tmp_path / "lab") as (base, token), sync_playwright() as pw:
-        timings["server"] = time.monotonic() - t0
         # A fresh profile per test (playwright passes it as --user-data-dir).
         browser = pw.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"),
@@ -328,55 +319,7 @@ def check_notebook_in_lab(notebook: str, tmp_path: Path, smoke: dict = SMOKE_NOT
                 KERNEL_START_S,
                 "an idle kernel",
             )
-            timings["kernel"] = time.monotonic() - t0
-
-            page.evaluate(JS_START_RUN_ALL)
-            page.wait_for_function("() => window.__nveRunAll !== null", timeout=RUN_ALL_S * 1000, polling=500)
-            run_all = page.evaluate("() => window.__nveRunAll")
-            assert "error" not in run_all, f"notebook:run-all-cells failed: {run_all}"
-
-            def settled():
-                status = page.evaluate(JS_CELLS)["status"]
-                busy = page.locator(".jp-InputArea-prompt", has_text="[*]").count()
-                return True if status == "idle" and busy == 0 else (status, f"{busy} cells [*]")
-
-            _wait_for(settled, 60, "an idle kernel and no [*] prompts")
-            timings["run_all"] = time.monotonic() - t0
-
-            state = page.evaluate(JS_CELLS)
-            errors = [(c["index"], c["source"], c["errors"]) for c in state["cells"] if c["errors"]]
-            assert not errors, f"cells with errors: {errors}"
-            not_run = [(c["index"], c["source"]) for c in state["cells"] if not c["count"]]
-            assert not not_run, f"cells without an execution count: {not_run} (run all: {run_all})"
-            dom_errors = page.locator(
-                '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.error"],'
-                '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]:has-text("Traceback")'
-            ).count()
-            assert dom_errors == 0, f"{dom_errors} error outputs in the page"
-
-            if widget_selector is not None:
-                widget = page.locator(widget_selector).first
-                try:
-                    widget.wait_for(state="attached", timeout=30_000)
-                except Exception as e:
-                    classes = page.evaluate(
-                        "() => [...new Set([...document.querySelectorAll('.jupyter-widgets')]"
-                        ".flatMap(e => [...e.classList]).filter(c => c.startsWith('nve-')))]"
-                    )
-                    raise AssertionError(
-                        f"no widget {widget_selector!r} in the page (nve-* classes: {classes})"
-                    ) from e
-                widget.scroll_into_view_if_needed(timeout=10_000)
-                widget.wait_for(state="visible", timeout=10_000)
-                assert page.locator(".jupyter-widgets").count() > 0
-
-            if notebook == "smoke":
-                # The widget talks to the kernel: a click runs the Python callback, which updates the Label.
-                assert "hello from the kernel 42" in page.locator(".jp-OutputArea-output").first.inner_text()
-                widget.click()
-                page.locator(".nve-smoke-label", has_text="clicked 1").wait_for(timeout=30_000)
-            timings["done"] = time.monotonic() - t0
-            page.screenshot(path=str(tmp_path / f"{Path(rel).stem}.png"), full_page=False)
+            yield page
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(tmp_path / f"FAILED-{Path(rel).stem}.png"), full_page=True)
@@ -386,6 +329,73 @@ def check_notebook_in_lab(notebook: str, tmp_path: Path, smoke: dict = SMOKE_NOT
         finally:
             with contextlib.suppress(Exception):
                 browser.close()
+
+
+def _wait_until_settled(page) -> None:
+    def settled():
+        status = page.evaluate(JS_CELLS)["status"]
+        busy = page.locator(".jp-InputArea-prompt", has_text="[*]").count()
+        return True if status == "idle" and busy == 0 else (status, f"{busy} cells [*]")
+
+    _wait_for(settled, 60, "an idle kernel and no [*] prompts")
+
+
+def check_notebook_in_lab(notebook: str, tmp_path: Path, smoke: dict = SMOKE_NOTEBOOK) -> None:
+    """Open `notebook` (a name in notebooks/, or "smoke") in JupyterLab, Run All, check; raise on a problem."""
+    if notebook == "smoke":
+        root = tmp_path / "root"
+        root.mkdir()
+        nb_path = root / "widget_smoke.ipynb"
+        nb_path.write_text(json.dumps(smoke, indent=1))
+        rel, widget_selector = "widget_smoke.ipynb", ".nve-smoke-button"
+    else:
+        root, nb_path = REPO, NOTEBOOKS / notebook
+        rel, widget_selector = f"notebooks/{notebook}", COURSE_NOTEBOOKS.get(notebook, WIDGET)
+    before = _sha(nb_path)
+    timings = {}
+    t0 = time.monotonic()
+
+    with lab_page(root, rel, tmp_path) as page:
+        timings["kernel"] = time.monotonic() - t0
+        page.evaluate(JS_START_RUN_ALL)
+        page.wait_for_function("() => window.__nveRunAll !== null", timeout=RUN_ALL_S * 1000, polling=500)
+        run_all = page.evaluate("() => window.__nveRunAll")
+        assert "error" not in run_all, f"notebook:run-all-cells failed: {run_all}"
+        _wait_until_settled(page)
+        timings["run_all"] = time.monotonic() - t0
+
+        state = page.evaluate(JS_CELLS)
+        errors = [(c["index"], c["source"], c["errors"]) for c in state["cells"] if c["errors"]]
+        assert not errors, f"cells with errors: {errors}"
+        not_run = [(c["index"], c["source"]) for c in state["cells"] if not c["count"]]
+        assert not not_run, f"cells without an execution count: {not_run} (run all: {run_all})"
+        dom_errors = page.locator(
+            '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.error"],'
+            '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]:has-text("Traceback")'
+        ).count()
+        assert dom_errors == 0, f"{dom_errors} error outputs in the page"
+
+        if widget_selector is not None:
+            widget = page.locator(widget_selector).first
+            try:
+                widget.wait_for(state="attached", timeout=30_000)
+            except Exception as e:
+                classes = page.evaluate(
+                    "() => [...new Set([...document.querySelectorAll('.jupyter-widgets')]"
+                    ".flatMap(e => [...e.classList]).filter(c => c.startsWith('nve-')))]"
+                )
+                raise AssertionError(f"no widget {widget_selector!r} in the page (nve-* classes: {classes})") from e
+            widget.scroll_into_view_if_needed(timeout=10_000)
+            widget.wait_for(state="visible", timeout=10_000)
+            assert page.locator(".jupyter-widgets").count() > 0
+
+        if notebook == "smoke":
+            # The widget talks to the kernel: a click runs the Python callback, which updates the Label.
+            assert "hello from the kernel 42" in page.locator(".jp-OutputArea-output").first.inner_text()
+            widget.click()
+            page.locator(".nve-smoke-label", has_text="clicked 1").wait_for(timeout=30_000)
+        timings["done"] = time.monotonic() - t0
+        page.screenshot(path=str(tmp_path / f"{Path(rel).stem}.png"), full_page=False)
 
     print(
         f"{notebook}: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()),
@@ -399,3 +409,47 @@ def check_notebook_in_lab(notebook: str, tmp_path: Path, smoke: dict = SMOKE_NOT
     assert not writes, f"JupyterLab saved files: {writes}"
     if notebook == "smoke":
         assert _sha(nb_path) == before, f"{nb_path} changed on disk while open in JupyterLab"
+
+
+# Runs the cells above the active one, then the active one; resolves when they have run.
+JS_RUN_THROUGH = """async (index) => {
+  const app = window.jupyterapp, w = app.shell.currentWidget;
+  w.content.activeCellIndex = index;
+  await app.commands.execute('notebook:run-all-above');
+  w.content.activeCellIndex = index;
+  await app.commands.execute('notebook:run-cell');
+}"""
+
+STUDENT_NOTEBOOK = "04_kv_cache.ipynb"  # its first exercise: the torch KV store, one stub cell
+
+
+def test_student_edition_shows_the_checkers_report(tmp_path: Path):
+    """A student edition in JupyterLab: run the cells up to the first exercise (the stub included) and the
+    checker cell. The checker answers with its report (every check failed, each with what happened and a
+    hint), rendered as its HTML table: not a traceback."""
+    import nbformat
+
+    from nanovllm_edu.labs.student import EXERCISE_TAG, make_student_notebook
+
+    student, num_exercises = make_student_notebook(nbformat.read(NOTEBOOKS / STUDENT_NOTEBOOK, as_version=4))
+    assert num_exercises >= 2
+    root = tmp_path / "root"
+    (root / "notebooks").mkdir(parents=True)
+    nbformat.write(student, root / "notebooks" / STUDENT_NOTEBOOK)
+    exercise = next(i for i, c in enumerate(student.cells) if EXERCISE_TAG in c.metadata.get("tags", []))
+    stub = exercise - 2  # the stub, then the exercise's markdown, then the checker cell
+    assert "raise NotImplementedError" in student.cells[stub].source
+
+    with lab_page(root, f"notebooks/{STUDENT_NOTEBOOK}", tmp_path) as page:
+        page.evaluate(JS_RUN_THROUGH, exercise)
+        _wait_until_settled(page)
+        cells = {c["index"]: c for c in page.evaluate(JS_CELLS)["cells"]}
+        assert cells[stub]["count"] and not cells[stub]["errors"], cells[stub]
+        checker = cells[exercise]
+        assert checker["count"] and checker["types"] == ["execute_result"], checker
+        report = page.locator(".jp-Cell").nth(exercise).locator(".jp-OutputArea-output")
+        text = report.inner_text()
+        assert "KV store (04): 0/6 checks passed (6 failed)" in text, text
+        assert "NotImplementedError" in text and "hint:" in text and "Traceback" not in text, text
+        assert report.locator("table").count() == 1  # the report's HTML view, not its plain text
+        page.screenshot(path=str(tmp_path / "student-edition.png"), full_page=False)
