@@ -58,7 +58,7 @@ def _fake_token(seq: Sequence, index: int) -> int:
     gets the same tokens as one step at a time."""
     return 1 + zlib.crc32(repr((seq.prompt_token_ids, index)).encode()) % 40
 
-
+# %% ../../notebooks/A1_labs.ipynb #async_checks-code-1
 def _as_plans_ahead(cls) -> None:
     sched = _scheduler(cls)
     a, b = _req(5), _req(9, start=100)
@@ -126,7 +126,7 @@ def _as_in_order(cls) -> None:
             f"{want} (length)"
     assert sched.block_manager.num_free_blocks == 32, "finished requests must give their blocks back"
 
-
+# %% ../../notebooks/A1_labs.ipynb #async_checks-code-2
 def _as_eos_drops(cls) -> None:
     sched = _scheduler(cls)
     a, b, c = _req(5, max_tokens=10), _req(5, start=100), _req(5, max_tokens=2, start=200)
@@ -202,7 +202,7 @@ def _as_nobody_runs(cls) -> None:
     assert s.is_finished, "max_tokens=1: reserve should finish the sequence at its first token"
     _not_ahead(sched, "when every sequence has finished (nothing is left to decode)")
 
-
+# %% ../../notebooks/A1_labs.ipynb #async_checks-code-3
 def check_async_scheduling(cls: type) -> LabReport:
     """Conformance checks for an async scheduler class `cls(config, block_manager)` (notebook 12's contract:
     notebook 06's reserve/commit and `can_schedule_ahead`)."""

@@ -50,7 +50,7 @@ class _Seqs:
         width = max(map(len, self.tables))
         return torch.tensor([t + [-1] * (width - len(t)) for t in self.tables], dtype=torch.int32)
 
-
+# %% ../../notebooks/A1_labs.ipynb #backend_checks-code-1
 def _seqs(ctx_lens: list[int], heads: int, kv_heads: int, seed: int, dtype: torch.dtype = torch.float32) -> _Seqs:
     gen = torch.Generator().manual_seed(seed)  # private: the global RNG stays untouched
 
@@ -117,6 +117,7 @@ def _rows(starts: list[int], ends: list[int]) -> list[str]:
 
 # --- the reference ---------------------------------------------------------------------------------------
 
+# %% ../../notebooks/A1_labs.ipynb #backend_checks-code-2
 def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float = SCALE, causal: bool = True, tiled: bool = False) -> Tensor:
     """Attention of ONE sequence whose queries are its last len(q) positions, in float64. Query head h reads KV
     head h // group; `causal=False` and `tiled=True` (head h reads KV head h % kv_heads) model common bugs."""
@@ -185,7 +186,7 @@ def _store(make: Make) -> None:
             raise AssertionError(f"{name} cache slot {slot}{last} changed, but no token of the batch maps to it "
                                  f"(slot_mapping {slots.tolist()})")
 
-
+# %% ../../notebooks/A1_labs.ipynb #backend_checks-code-3
 def _causal(make: Make) -> None:
     backend = make()
     n = 7
@@ -259,7 +260,7 @@ def _decode(make: Make) -> None:
                 "context_lens[b] - 1)": lambda: torch.stack(
                     [_attend(s.q[b][-1:], s.k[b][:-1], s.v[b][:-1])[0] for b in range(len(ctx))])})
 
-
+# %% ../../notebooks/A1_labs.ipynb #backend_checks-code-4
 def _gqa(make: Make) -> None:
     backend = make()
     heads, kv_heads = 4, 2
@@ -323,7 +324,7 @@ def _shapes(make: Make) -> None:
         if not torch.isfinite(out).all():
             raise AssertionError(f"bfloat16 {what} returned NaN or inf")
 
-
+# %% ../../notebooks/A1_labs.ipynb #backend_checks-code-5
 def check_attention_backend(backend: type[AttentionBackend] | AttentionBackend) -> LabReport:
     """Conformance checks for an `AttentionBackend`: a class (built anew for every check, so a check fails, rather
     than the lab, when its constructor raises) or an instance. Small CPU shapes, float32 (bfloat16 for the dtypes)."""

@@ -76,7 +76,7 @@ def _case(context_lens: list[int], tables: list[list[int]], heads: int, kv_heads
                  torch.tensor(padded, dtype=torch.int32, device=dev),
                  torch.tensor(context_lens, dtype=torch.int32, device=dev), scale)
 
-
+# %% ../../notebooks/A1_labs.ipynb #decode_attention_checks-code-1
 def _gather(cache: torch.Tensor, row: torch.Tensor, n: int) -> torch.Tensor:
     """Positions 0..n-1 of one sequence read through its block-table row: [n, KVH, D] float32."""
     pos = torch.arange(n)
@@ -140,7 +140,7 @@ def _run(fn: Callable, case: _Case) -> torch.Tensor:
     assert out.shape == case.q.shape, f"returned shape {tuple(out.shape)}, expected q's {tuple(case.q.shape)}"
     return out
 
-
+# %% ../../notebooks/A1_labs.ipynb #decode_attention_checks-code-2
 def _expect(fn: Callable, case: _Case, tol: float = F32_TOL) -> None:
     """fn matches reference_decode to `tol`; otherwise name the worst (sequence, head) and what it matches."""
     got = _run(fn, case).detach().float().cpu()
@@ -201,7 +201,7 @@ def _shape_dtype(fn: Callable) -> None:
 _HEAD_HINT = ("query head h reads KV head h // group (group = num_heads // num_kv_heads): consecutive query "
               "heads share a KV head, so use repeat_interleave, not repeat (which gives h % num_kv_heads)")
 
-
+# %% ../../notebooks/A1_labs.ipynb #decode_attention_checks-code-3
 def check_decode_attention(fn: Callable) -> LabReport:
     """Conformance checks for a decode attention function with notebook 11's interface
     `fn(q, k_cache, v_cache, block_tables, context_lens, scale)` -> [B, H, D] (only these six are passed)."""

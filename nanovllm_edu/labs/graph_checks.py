@@ -40,7 +40,7 @@ class Replay:
         self.replays += 1
         self.call()
 
-
+# %% ../../notebooks/A1_labs.ipynb #graph_checks-code-1
 class _PagedToy(nn.Module):
     """A model with a paged KV cache and no weights: row i's output is its own embedding plus a
     position-weighted sum of the cached rows it reads. It stores each row's embedding in its slot (skipping
@@ -113,7 +113,7 @@ def _runner(runner_cls, model: nn.Module | None = None, max_num_seqs: int = _MAX
     return _stand_in(runner_cls, pin_padding)(model if model is not None else _PagedToy(), max_num_seqs,
                                               _MAX_BLOCKS, _HIDDEN, torch.float32, torch.device("cpu"))
 
-
+# %% ../../notebooks/A1_labs.ipynb #graph_checks-code-2
 def _graph_step(rows: list[tuple[int, int, list[int]]]) -> StepInputs:
     """A decode step of (token, position, the sequence's blocks) rows; slots and context lengths follow from
     the positions, and the block table is as wide as this batch needs (-1 padded), as prepare_decode makes it."""
@@ -174,7 +174,7 @@ def _padded_size(runner_cls) -> None:
         assert got is None, f"padded_size({n}) is {got}, but {n} rows are more than the largest graph " \
                             f"({sizes[-1]}): it must be None, so the caller runs the batch eagerly"
 
-
+# %% ../../notebooks/A1_labs.ipynb #graph_checks-code-3
 def _inputs_land(runner_cls) -> None:
     model = _PagedToy(_random_cache(1))
     runner = _runner(runner_cls, model)
@@ -239,7 +239,7 @@ def _block_tables(runner_cls) -> None:
     diff = (out[:3] - want).abs().max().item()
     assert diff < 1e-6, f"with stale block tables in the buffers, the outputs differ from eager by {diff:.3g}"
 
-
+# %% ../../notebooks/A1_labs.ipynb #graph_checks-code-4
 def _matches_eager(runner_cls) -> None:
     cache = _random_cache(5)
     model, reference = _PagedToy(cache), _PagedToy(cache)
@@ -313,7 +313,7 @@ def _fake_cuda(model: _PagedToy):
 def _null():
     yield
 
-
+# %% ../../notebooks/A1_labs.ipynb #graph_checks-code-5
 def _captured(runner_cls) -> tuple[object, list[SimpleNamespace]]:
     """Build `runner_cls` (its __init__ calls its own capture) under the fake torch.cuda."""
     model = _PagedToy()

@@ -73,7 +73,7 @@ def _spans(idx: list[int]) -> str:
     text = [f"{a}-{b}" if a != b else f"{a}" for a, b in spans[:6]]
     return ", ".join(text) + (f", ... ({len(idx)} in all)" if len(spans) > 6 else "")
 
-
+# %% ../../notebooks/A1_labs.ipynb #tp_checks-code-1
 def _describe(held: torch.Tensor, parts: dict[str, torch.Tensor], unit: str = "rows") -> str:
     """Which checkpoint rows `held` is made of, e.g. 'q_proj rows 0-15, then k_proj rows 0-7': a wrong cut
     is visible at a glance. Rows are found by exact equality (the test data has no two equal rows)."""
@@ -139,7 +139,7 @@ def _shapes(target: Target) -> None:
             assert tuple(layer.weight.shape) == tuple(shape), \
                 f"{where}: {role}'s weight is {tuple(layer.weight.shape)}, want {tuple(shape)} ({why})"
 
-
+# %% ../../notebooks/A1_labs.ipynb #tp_checks-code-2
 def _column(target: Target) -> None:
     w, b = _randn(INTER, HIDDEN, seed=1), _randn(INTER, seed=2)
     for tp, r, f, where in _ranks(target):
@@ -199,7 +199,7 @@ def _qkv(target: Target) -> None:
             _expect(layer.weight, want, parts,
                     f"with {HEADS} query and {kv} KV heads of {HEAD_DIM} rows, {where}'s qkv_proj")
 
-
+# %% ../../notebooks/A1_labs.ipynb #tp_checks-code-3
 def _few_kv_heads(target: Target) -> None:
     tp, kv = 4, 2
     # a valid split first: a stub (or a broken constructor) fails here, and is not mistaken for a refusal
@@ -257,7 +257,7 @@ def _vocab_lookup(target: Target) -> None:
         assert torch.equal(sum(parts), table[ids]), \
             f"{tp} ranks: the sum of the lookups is not the full lookup"
 
-
+# %% ../../notebooks/A1_labs.ipynb #tp_checks-code-4
 def _compose(target: Target) -> None:
     x = _randn(5, HIDDEN, seed=60)
     w1, b1, w2, b2 = _randn(INTER, HIDDEN, seed=61), _randn(INTER, seed=62), _randn(HIDDEN, INTER, seed=63), \
