@@ -5,7 +5,8 @@
 # when $OUT is set (the device tool's folder, which takes back only a few files) they are also packed into
 # $OUT/gpu_suite.tgz, with the summary in $OUT/summary.txt.
 #
-#   bash scripts/gpu_suite.sh [tests] [notebooks] [bench] [sync] [eager] [tp] [graphs] [kernels]  (no argument: all)
+#   bash scripts/gpu_suite.sh [tests] [notebooks] [bench] [sync] [eager] [tp] [graphs] [kernels] [online] [mixed]
+#   (no argument: all but online and mixed)
 #   NOTEBOOKS="notebooks/16_benchmark.ipynb" bash scripts/gpu_suite.sh notebooks                (some notebooks)
 #
 # Uses the machine's own python3 (torch, triton, transformers, safetensors, xxhash, tqdm, matplotlib); the
@@ -69,6 +70,13 @@ for stage in "${stages[@]}"; do
       find figures -maxdepth 1 -name "*.json" -newer "$RESULTS/.start" -exec cp {} "$RESULTS/figures/" \; ;;
     online)
       PYTHONFAULTHANDLER=1 timeout -s ABRT "${ONLINE_LIMIT_S:-600}" python3 -m nanovllm_edu.bench.online --random-weights qwen3-0.6b --backend triton --json "$RESULTS/online.json" --plot "$RESULTS/online.png" --stall-plot "$RESULTS/online_stall.png" 2>&1 | tee "$RESULTS/online.log" || status=1 ;;
+    mixed)
+      # mixed against separate prefill/decode steps (notebooks 06, 13, 20): online latency, the seed benchmark, step cost
+      for part in online offline cost; do
+        limit_var="MIXED_${part^^}_LIMIT_S"
+        PYTHONFAULTHANDLER=1 timeout -s ABRT "${!limit_var:-300}" python3 scripts/mixed_steps_bench.py $part \
+          --json "$RESULTS/mixed_$part.json" ${MIXED_ARGS:-} 2>&1 | tee "$RESULTS/mixed_$part.log" || status=1
+      done ;;
     graphs)
       timeout 300 python3 scripts/measure_cuda_graphs.py --json "$RESULTS/cuda_graphs.json" 2>&1 | tee "$RESULTS/graphs.log" || status=1 ;;
     kernels)

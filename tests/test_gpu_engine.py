@@ -64,6 +64,12 @@ def test_float32_greedy_parity_on_random_shapes(shapes):
     ("no prefix caching", dict(enable_prefix_caching=False)),
     ("torch backend", dict(attention_backend="torch", enforce_eager=True)),
     ("block size 256", dict(kvcache_block_size=256, num_kvcache_blocks=8)),
+    ("mixed steps", dict(mixed_steps=True)),
+    ("mixed steps, 16-token chunks", dict(mixed_steps=True, max_num_batched_tokens=48, long_prefill_token_threshold=16)),
+    ("mixed steps, chunks and preemption", dict(mixed_steps=True, max_num_batched_tokens=48,
+                                               long_prefill_token_threshold=16, num_kvcache_blocks=14)),
+    ("mixed steps, chunks, eager", dict(mixed_steps=True, max_num_batched_tokens=48, long_prefill_token_threshold=16,
+                                        enforce_eager=True, async_scheduling=False)),
 ])
 def test_engine_paths_keep_float32_greedy_output(shapes, name, args):
     path = shapes[1]

@@ -28,13 +28,13 @@ from ..utils.device import DEVICE_CHOICES
 ENGINE_ARGS = {  # flag -> (type, help); passed to LLM(...) only when given
     "max_num_seqs": (int, "sequences per step"),
     "max_num_batched_tokens": (int, "tokens per step"),
+    "long_prefill_token_threshold": (int, "most tokens of one prompt in a mixed step (0: no cap)"),
     "max_model_len": (int, "prompt + completion limit"),
     "gpu_memory_utilization": (float, "share of GPU memory the engine may use"),
     "tensor_parallel_size": (int, "GPUs to split the model over"),
     "kvcache_block_size": (int, "tokens per KV-cache block"),
     "num_kvcache_blocks": (int, "KV-cache blocks (default: sized automatically)"),
 }
-
 
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -93,6 +93,7 @@ def add_engine_flags(ap: argparse.ArgumentParser, backend_flag: str = "--backend
     ap.add_argument("--no-async-scheduling", action="store_true",
                     help="wait for each step's tokens before planning the next")
     ap.add_argument("--no-prefix-caching", action="store_true")
+    ap.add_argument("--mixed-steps", action="store_true", help="decodes and prefill chunks share a step")
     for name, (kind, help_text) in ENGINE_ARGS.items():
         ap.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
 
@@ -129,7 +130,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # %% ../../notebooks/18_benchmark_cli.ipynb #125e164d
 def engine_args_from(args: argparse.Namespace) -> dict:
     """LLM(...) keyword arguments: the device, backend and eager mode always; the rest when given."""
-    engine_args = {"device": args.device, "attention_backend": args.backend, "enforce_eager": args.enforce_eager}
+    engine_args = {"device": args.device, "attention_backend": args.backend, "enforce_eager": args.enforce_eager,
+                   "mixed_steps": args.mixed_steps}
     if args.no_prefix_caching:
         engine_args["enable_prefix_caching"] = False
     if args.no_async_scheduling:

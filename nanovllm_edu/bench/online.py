@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .record import engine_config_dict, library_versions
+from ..engine.cuda_graph import forward_step_counts, steps_between
 from .workload import Workload, fit_to_vocab, sampling_params_for, warmup_workload
 from ..sampling_params import SamplingParams
 
@@ -236,9 +237,10 @@ def fresh_prompts(workload: Workload, offset: int, vocab_size: int) -> Workload:
 
 def run_rate(llm, workload: Workload, rate: float, seed: int = 0, timeout_s: float | None = None) -> dict:
     """Serve the workload with requests arriving at `rate` per second (BURST: all at once); its record."""
-    arrivals = arrival_times(workload.num_seqs, rate, seed)
+    arrivals, before = arrival_times(workload.num_seqs, rate, seed), forward_step_counts(llm.model_runner)
     start, results = serve_arrivals(llm, workload.prompts, sampling_params_for(workload), arrivals, timeout_s)
-    return rate_summary([request_row(result, start) for result in results], rate)
+    return (rate_summary([request_row(result, start) for result in results], rate)
+            | {"steps": steps_between(before, forward_step_counts(llm.model_runner))})
 
 # %% ../../notebooks/20_serving_latency.ipynb #p3-bench-code
 def machine_fields(llm) -> dict:

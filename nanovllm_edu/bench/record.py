@@ -98,10 +98,10 @@ def run_benchmark(model: str, workload: Workload, engine_args: dict, breakdown: 
     llm = LLM(model, **engine_args)
     runner, config = llm.model_runner, llm.config
     workload = fit_to_vocab(workload, config.hf_config.vocab_size)
-    seconds, outputs = time_generate(llm, workload)
+    seconds, outputs, steps = time_generate(llm, workload)
     total = workload.total_tokens
     shape = ModelShape.from_config(config.hf_config, dtype_bytes=runner.dtype.itemsize)
-    result = engine_fields(llm, workload, shape, seconds, outputs)
+    result = engine_fields(llm, workload, shape, seconds, outputs) | {"steps": steps}
     if breakdown:  # a second, instrumented run: the timed one stays clean
         result["breakdown"] = step_breakdown(llm, workload)
     result |= workload_cost(shape, workload.prompt_lens, workload.max_tokens, config.max_num_batched_tokens)

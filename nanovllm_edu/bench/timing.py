@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import torch
 
 from .workload import Workload, sampling_params_for, warmup_workload
+from ..engine.cuda_graph import forward_step_counts, steps_between
 from ..engine.observer import StepObserver
 
 
@@ -54,18 +55,20 @@ class StepTimer(StepObserver):
         total["other"] += seconds - sum(self._parts.values())
 
 # %% ../../notebooks/16_benchmark.ipynb #5ea285cd
-def time_generate(llm, workload: Workload) -> tuple[float, list[dict]]:
-    """Warm up with one short `generate`, then time one `generate` of the whole workload."""
+def time_generate(llm, workload: Workload) -> tuple[float, list[dict], dict]:
+    """Warm up with one short `generate`, then time one `generate` of the whole workload. Returns the seconds,
+    the outputs and the timed run's steps by path (CUDA-graph replays and eager steps; empty without graphs)."""
     warmup = warmup_workload(workload, llm.config.hf_config.vocab_size)
     llm.generate(warmup.prompts, sampling_params_for(warmup), use_tqdm=False)
     cuda = llm.model_runner.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    before, start = forward_step_counts(llm.model_runner), time.perf_counter()
     outputs = llm.generate(workload.prompts, sampling_params_for(workload), use_tqdm=False)
     if cuda:
         torch.cuda.synchronize()
-    return time.perf_counter() - start, outputs
+    seconds = time.perf_counter() - start
+    return seconds, outputs, steps_between(before, forward_step_counts(llm.model_runner))
 
 
 def step_breakdown(llm, workload: Workload) -> dict:

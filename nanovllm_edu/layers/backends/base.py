@@ -6,6 +6,7 @@ __all__ = ['AttentionBackend', 'PagedAttention', 'attach_kv_cache']
 # %% ../../../notebooks/04_kv_cache.ipynb #f99bda05
 from abc import ABC, abstractmethod
 
+import torch
 from torch import Tensor, nn
 
 from ...utils.step_inputs import StepInputs
@@ -56,6 +57,12 @@ class PagedAttention(Attention):
         if step is None:
             return super().forward(q, k, v)
         self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, step.slot_mapping)
+        if step.is_mixed:  # decode rows first, through the decode kernel; then the chunks, through prefill's
+            n = step.num_decode_rows
+            decoded = self.backend.decode(q[:n], self.k_cache, self.v_cache, step.decode_rows, self.scale)
+            chunks = self.backend.prefill(q[n:], k[n:], v[n:], self.k_cache, self.v_cache, step.chunk_rows,
+                                          self.scale)
+            return torch.cat([decoded, chunks])
         if step.is_prefill:
             return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, step, self.scale)
         return self.backend.decode(q, self.k_cache, self.v_cache, step, self.scale)

@@ -34,8 +34,7 @@ class TorchBackend(AttentionBackend):
     name = "torch"
 
     def __init__(self):
-        self._plan_key: tuple | None = None
-        self._plan: dict | None = None
+        self._plans: dict[str, tuple[tuple, dict]] = {}  # kind -> (key, plan): a mixed step uses both kinds
 
     def store_kvcache(self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
         store_kvcache_torch(k, v, k_cache, v_cache, slot_mapping)
@@ -97,12 +96,13 @@ from fastcore.basics import patch
 def _cached_plan(self: TorchBackend, kind: str, step: StepInputs, block_size: int, build) -> dict:
     # Every layer of one step sees the same context; build index tensors once. We hold references to
     # the keyed objects, so an `is` match can never be a recycled id.
-    key = (kind, block_size, step, step.cu_seqlens_q, step.cu_seqlens_k, step.context_lens, step.block_tables)
-    if self._plan_key is not None and all(x is y for x, y in zip(key, self._plan_key)):
-        return self._plan
+    key = (block_size, step, step.cu_seqlens_q, step.cu_seqlens_k, step.context_lens, step.block_tables)
+    saved_key, saved_plan = self._plans.get(kind, ((), None))
+    if saved_key and all(x is y for x, y in zip(key, saved_key)):
+        return saved_plan
     plan = build()
     if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
-        self._plan_key, self._plan = key, plan
+        self._plans[kind] = key, plan
     return plan
 
 
