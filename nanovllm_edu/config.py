@@ -110,6 +110,8 @@ class Config:
     kvcache_block_size: int = 256  # tokens per KV-cache block (power of two >= 16)
     num_kvcache_blocks: int = -1  # -1: size the cache automatically
     enable_prefix_caching: bool = True
+    mixed_steps: bool = False  # True: decodes and prefill chunks share a step (notebook 06; measured in 13)
+    long_prefill_token_threshold: int = 1024  # most tokens of one prompt in a mixed step (0: no cap)
     attention_backend: str = "auto"
     device: str = "auto"
     eos: int | tuple[int, ...] = -1  # stop token id(s); -1: every EOS id the checkpoint names
@@ -130,8 +132,11 @@ class Config:
             raise ValueError(f"num_kvcache_blocks must be -1 (automatic) or an integer >= 1, got {n!r}")
         if not is_real(self.gpu_memory_utilization) or not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
-        for name in ("enforce_eager", "async_scheduling", "enable_prefix_caching"):
+        for name in ("enforce_eager", "async_scheduling", "enable_prefix_caching", "mixed_steps"):
             check_bool(name, getattr(self, name))
+        if not is_int(self.long_prefill_token_threshold) or self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be an integer >= 0 (0: no cap), got "
+                             f"{self.long_prefill_token_threshold!r}")
         if self.eos != -1:
             self.eos = eos_token_ids(self.eos)
         if self.attention_backend not in ATTENTION_BACKENDS:

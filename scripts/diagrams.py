@@ -409,6 +409,79 @@ def scheduler_step() -> Figure:
     return fig
 
 
+
+def mixed_step() -> Figure:
+    """One mixed step: the decodes first, then prefill chunks under the token budget; the rows the runner sees."""
+    budget, cap, x0, k = 48, 16, 16, 2.0  # tokens, chunk_cap, where token 0 is drawn, units per token
+    decodes = ["r0", "r1", "r2", "r3"]
+    chunks = [("r4", 16, 32, 80, "running, part-way"), ("r5", 16, 0, 40, "new, from waiting"),
+              ("r6", 12, 0, 12, "new, from waiting")]  # name, tokens this step, computed before, prompt length, whence
+    n = len(decodes)
+    fig, ax = canvas(12, 6.2, 120, 66, ymin=4)
+    title(ax, 60, 64, "One mixed step: decodes first, then prefill chunks under the token budget",
+          f"mixed_steps = True (as in vLLM V1): max_num_batched_tokens = {budget}, long_prefill_token_threshold = "
+          f"{cap} (the scheduler's chunk_cap)")
+    # panel 1: the budget, filled left to right
+    ax.text(2, 56, "the token budget (_schedule_mixed)", fontsize=10, fontweight="bold")
+    ax.text(2, 46.2, "budget", fontsize=8, va="center")
+    for i, name in enumerate(decodes):
+        box(ax, x0 + i * k, 44.5, k, 3.4, name, fc=GREEN, size=6.3)
+    ax.text(x0 + n * k / 2, 49.2, "decode rows:\n1 token each", ha="center", va="bottom", fontsize=7,
+            linespacing=1.2)
+    start = n
+    for name, num, done, length, whence in chunks:
+        x = x0 + start * k
+        box(ax, x, 44.5, num * k, 3.4, f"{name} ({whence}): {num}", fc=BLUE, size=7)
+        ends = ": it completes" if done + num == length else ""
+        ax.text(x + num * k / 2, 42.8, f"prompt tokens {done}-{done + num - 1} of {length}{ends}", ha="center",
+                va="top", fontsize=6.8, color=NOTE)
+        capped = num == cap
+        arrow(ax, (x + 0.3, 49.3), (x + num * k - 0.3, 49.3), color=INK if capped else RED, lw=0.9,
+              style="<|-|>", label=f"capped: chunk_cap = {cap}" if capped else f"what the budget has left: {num}",
+              dy=1.3, size=7)
+        start += num
+    ax.add_patch(Rectangle((x0, 44.5), budget * k, 3.4, fill=False, ec=RED, lw=1.6))
+    ax.text(x0 + budget * k + 1, 46.2, str(budget), color=RED, fontsize=8, va="center", fontweight="bold")
+    ax.text(x0 + budget * k, 53.3, "budget end: max_num_batched_tokens", ha="right", va="center", fontsize=7.5,
+            color=RED, fontweight="bold")
+    ax.text(2, 39, f"_schedule_decode first: every running sequence with one token left to compute, 1 token each "
+                   f"({n} of the {budget}). Then _schedule_chunks fills the rest:\nprompts already part-way first "
+                   f"(r4), then new ones from waiting (r5, r6), each at most chunk_cap tokens, while blocks, "
+                   f"max_num_seqs and budget last; r7 waits.", fontsize=7.5, color=NOTE, va="top", linespacing=1.35)
+    # panel 2: the rows the model runner sees
+    ax.text(2, 30, "the step's rows, as the model runner sees them (prepare_mixed)", fontsize=10, fontweight="bold")
+    ax.text(2, 20.7, "input_ids\nrows", fontsize=8, va="center", linespacing=1.2)
+    for i in range(n):
+        box(ax, x0 + i * k, 19, k, 3.4, str(i), fc=GREEN, size=6.3)
+    row = n
+    for name, num, done, length, _ in chunks:
+        for j in range(num):  # one row per token
+            ax.add_patch(Rectangle((x0 + (row + j) * k, 19), k, 3.4, fc=BLUE, ec="#7fa9c6", lw=0.5))
+        box(ax, x0 + row * k, 19, num * k, 3.4, fc="none")
+        ax.text(x0 + (row + num / 2) * k, 20.7, f"{name}: rows {row}-{row + num - 1}", ha="center", va="center",
+                fontsize=7, color=INK, bbox={"boxstyle": "square,pad=0.15", "fc": BLUE, "ec": "none"})
+        row += num
+    # the rows that sample: logits_indices
+    samples = list(range(n)) + [row - 1]  # the decode rows and the last row of r6, whose prompt completes here
+    ax.plot([x0 + (r + 0.5) * k for r in samples], [23.4] * len(samples), "v", color=RED, ms=5)
+    ax.text(x0 + n * k / 2, 24.6, "samples", ha="center", va="bottom", fontsize=7, color=RED)
+    ax.text(x0 + (row - 0.5) * k, 24.6, "samples", ha="center", va="bottom", fontsize=7, color=RED)
+    # the split between the two kernels
+    split = x0 + n * k
+    ax.plot([split, split], [12.5, 27.5], color=INK, lw=1.3, ls="--")
+    ax.text(split + 0.8, 26.6, f"num_decode_rows = {n}", fontsize=7.5, va="center", fontweight="bold")
+    ax.text(split - 0.8, 17.6, "decode kernel\n(context_lens,\nblock_tables[:4])", ha="right", va="top",
+            fontsize=7.5, linespacing=1.3)
+    ax.text(split + 0.8, 17.6, "varlen prefill kernel (cu_seqlens_q/k from the first chunk row, block_tables[4:])",
+            va="top", fontsize=7.5)
+    ax.text(split + 0.8, 15.0, "cu_seqlens_q = [0, 16, 32, 44],  cu_seqlens_k = [0, 48, 64, 76]", va="top",
+            fontsize=7, family="monospace")
+    ax.text(2, 9.5, f"logits_indices = {samples}: rows 0-3 (the decodes) and the last row of each prompt that "
+                    "completes in this step (r6, all 12 of 12); r4 and r5 sample\nnothing until their last chunk. "
+                    "Every layer stores the step's keys and values, runs both kernels on their rows, and "
+                    "concatenates the outputs in row order.", fontsize=7.5, color=NOTE, va="top", linespacing=1.35)
+    return fig
+
 # --- 11: online softmax and the decode kernel's grid -------------------------------------------------------
 
 def online_softmax() -> Figure:
@@ -671,6 +744,7 @@ DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawi
     "kv_cache_slots": (kv_cache_slots, "04_kv_cache"),
     "prefix_hash_chain": (prefix_hash_chain, "05_prefix_hashing"),
     "scheduler_step": (scheduler_step, "06_scheduler"),
+    "mixed_step": (mixed_step, "06_scheduler"),
     "online_softmax": (online_softmax, "11_triton_attention"),
     "decode_grid": (decode_grid, "11_triton_attention"),
     "async_timeline": (async_timeline, "12_async_scheduling"),

@@ -28,7 +28,9 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt
-from diagrams import DIAGRAMS, PNG_METADATA, draw  # scripts/diagrams.py, next to this file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded from elsewhere (tests do)
+from diagrams import DIAGRAMS, PNG_METADATA, draw  # noqa: E402  scripts/diagrams.py, next to this file
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
 

@@ -14,11 +14,14 @@ from nanovllm_edu.engine.scheduler import Scheduler
 from nanovllm_edu.engine.sequence import Sequence, SequenceStatus
 from nanovllm_edu.sampling_params import SamplingParams
 
+from scheduler_helpers import add_random_requests
+
 EOS = 0
 
 
 def make(num_blocks=32, block_size=16, caching=False, **cfg):
-    fields = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 1024, "eos": (EOS,)} | cfg
+    fields = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 1024, "eos": (EOS,),
+              "mixed_steps": False, "long_prefill_token_threshold": 0} | cfg
     return Scheduler(SimpleNamespace(**fields), make_block_manager(num_blocks, block_size, caching))
 
 
@@ -75,17 +78,7 @@ def test_random_workloads_respect_budgets_and_finish(seed, budget, max_seqs, cac
     rng = random.Random(seed)
     sched = make(num_blocks=rng.randint(12, 40), block_size=block_size, caching=caching,
                  max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len=300)
-    shared = [rng.randrange(1, 500) for _ in range(40)]
-    seqs = []
-    for _ in range(rng.randint(1, 12)):
-        prompt = (shared[:rng.randint(0, 40)] if caching else []) + [rng.randrange(1, 500) for _ in range(rng.randint(1, 90))]
-        s = Sequence(prompt, SamplingParams(max_tokens=rng.randint(1, 60)), block_size)
-        try:
-            sched.check_can_fit(s)
-        except ValueError:
-            continue
-        sched.add(s)
-        seqs.append(s)
+    seqs = add_random_requests(sched, rng, caching, block_size)
     run(sched, rng, on_step=lambda batch, is_prefill: check_step(sched, batch, is_prefill))
     bm = sched.block_manager
     assert bm.num_free_blocks == bm.num_blocks

@@ -29,7 +29,8 @@ EOS = 0
 
 def make_scheduler(num_blocks, block_size=16, caching=True, sync=False, **cfg):
     """The async engine's scheduler and block manager, or (sync=True) notebook 06's, which steps one at a time."""
-    fields = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 256, "eos": (EOS,)} | cfg
+    fields = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 256, "eos": (EOS,),
+              "mixed_steps": False, "long_prefill_token_threshold": 0} | cfg
     if sync:
         return Scheduler(SimpleNamespace(**fields), make_block_manager(num_blocks, block_size, caching))
     bm = AsyncPrefixCachingBlockManager(num_blocks, block_size) if caching else BlockManager(num_blocks, block_size)

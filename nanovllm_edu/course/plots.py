@@ -19,11 +19,12 @@ def plot_trace(records: list[StepRecord], title: str = "engine trace") -> Figure
     fig, (ax_seq, ax_tok, ax_kv) = plt.subplots(3, 1, sharex=True, figsize=(10, 8),
                                                  gridspec_kw={"height_ratios": [3, 1.2, 1.5]})
     for r in records:
-        color = PREFILL if r.kind == "prefill" else DECODE
-        for seq_id, chunk in zip(r.seq_ids, r.chunks):
+        for row, (seq_id, chunk) in enumerate(zip(r.seq_ids, r.chunks)):
+            decode_row = row < r.num_decode_rows  # a mixed step's first rows decode, the rest are chunks
             # a prefill chunk is drawn taller the more of the budget it took
-            height = 0.8 if r.kind == "decode" else 0.3 + 0.5 * chunk / max(r.num_tokens, 1)
-            ax_seq.bar(r.step, height, bottom=seq_id - height / 2, width=1.0, color=color, linewidth=0)
+            height = 0.8 if decode_row else 0.3 + 0.5 * chunk / max(r.num_tokens, 1)
+            ax_seq.bar(r.step, height, bottom=seq_id - height / 2, width=1.0,
+                       color=DECODE if decode_row else PREFILL, linewidth=0)
         for seq_id in r.preempted:
             ax_seq.plot(r.step, seq_id, "x", color=PREEMPT, markersize=9, markeredgewidth=2)
         for seq_id in r.finished:
@@ -36,8 +37,10 @@ def plot_trace(records: list[StepRecord], title: str = "engine trace") -> Figure
                   labels=["prefill", "decode", "preempted"], loc="upper right", fontsize=8)
 
     steps = [r.step for r in records]
-    ax_tok.bar(steps, [r.num_tokens for r in records], width=1.0,
-               color=[PREFILL if r.kind == "prefill" else DECODE for r in records])
+    decode_tokens = [r.num_decode_rows for r in records]  # one token per decode row, stacked under the chunks
+    ax_tok.bar(steps, decode_tokens, width=1.0, color=DECODE)
+    ax_tok.bar(steps, [r.num_tokens - d for r, d in zip(records, decode_tokens)], bottom=decode_tokens, width=1.0,
+               color=PREFILL)
     ax_tok.set_ylabel("tokens")
 
     ax_kv.fill_between(steps, [r.used_blocks for r in records], step="mid", alpha=0.3, color="tab:purple")

@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from ..engine.model_runner import num_decode_rows
 from ..engine.observer import StepObserver
 
 
@@ -20,7 +21,7 @@ from ..engine.observer import StepObserver
 class StepRecord:
     """What one engine step did."""
     step: int                # index of the step within the trace
-    kind: str                # "prefill" or "decode"
+    kind: str                # "prefill", "decode" or "mixed" (decode rows first, then chunks: notebook 06)
     seq_ids: list[int]       # the batch, in scheduling order
     chunks: list[int]        # tokens each of them computed (decode: 1 each)
     used_blocks: int         # KV blocks in use while the step ran (after scheduling allocated them)
@@ -29,6 +30,7 @@ class StepRecord:
     num_running: int
     preempted: list[int] = field(default_factory=list)  # sequences preempted to make room for this step
     finished: list[int] = field(default_factory=list)   # sequences that finished in this step
+    num_decode_rows: int = 0  # the first rows that decode one token each (all of a decode step's)
     seconds: float = 0.0     # wall time; varies run to run, so never printed where outputs are compared
 
     @property
@@ -92,7 +94,9 @@ class EngineTrace(StepObserver):
 
     def step_scheduled(self, engine, seqs: list, is_prefill: bool) -> None:
         bm, step = engine.block_manager, self._inflight[-1]  # the step just started
-        step.update(kind="prefill" if is_prefill else "decode", seq_ids=[s.seq_id for s in seqs],
+        n = num_decode_rows(seqs) if is_prefill else len(seqs)  # as the runner splits the step
+        step.update(kind="prefill" if n == 0 else "decode" if n == len(seqs) else "mixed", num_decode_rows=n,
+                    seq_ids=[s.seq_id for s in seqs],
                     chunks=[s.num_scheduled_tokens for s in seqs], used_blocks=bm.num_blocks - bm.num_free_blocks,
                     total_blocks=bm.num_blocks,
                     preempted=[seq.seq_id for seq, n in step.pop("before") if seq.num_preemptions > n])
@@ -120,10 +124,11 @@ class EngineTrace(StepObserver):
 # %% ../../notebooks/10_watching_the_engine.ipynb #273d9a2f
 def summarize(records: list[StepRecord]) -> dict:
     """Steps by kind, tokens, preemptions and peak KV usage of a trace (no timings)."""
-    prefill = [r for r in records if r.kind == "prefill"]
-    return {"steps": len(records), "prefill_steps": len(prefill), "decode_steps": len(records) - len(prefill),
-            "prefill_tokens": sum(r.num_tokens for r in prefill),
-            "decode_tokens": sum(r.num_tokens for r in records if r.kind == "decode"),
+    kinds = [r.kind for r in records]
+    return {"steps": len(records), "prefill_steps": kinds.count("prefill"), "decode_steps": kinds.count("decode"),
+            "mixed_steps": kinds.count("mixed"),
+            "prefill_tokens": sum(r.num_tokens - r.num_decode_rows for r in records),  # decode rows: 1 token each
+            "decode_tokens": sum(r.num_decode_rows for r in records),
             "preemptions": sum(len(r.preempted) for r in records),
             "peak_used_blocks": max((r.used_blocks for r in records), default=0),
             "total_blocks": records[0].total_blocks if records else 0,
@@ -133,8 +138,10 @@ def summarize(records: list[StepRecord]) -> dict:
 def step_times(records: list[StepRecord]) -> dict[str, dict[str, float]]:
     """Wall time by step kind: steps, total seconds, mean milliseconds per step and per token."""
     out = {}
-    for kind in ("prefill", "decode"):
+    for kind in ("prefill", "decode", "mixed"):
         rs = [r for r in records if r.kind == kind]
+        if not rs and kind == "mixed":
+            continue  # separate steps (or no overlap): no mixed kind to report
         seconds, tokens = sum(r.seconds for r in rs), sum(r.num_tokens for r in rs)
         out[kind] = {"steps": len(rs), "seconds": seconds, "ms_per_step": 1e3 * seconds / max(len(rs), 1),
                      "ms_per_token": 1e3 * seconds / max(tokens, 1)}

@@ -73,6 +73,14 @@ class BlockManager:
         """Make room for the newest token of `seq`: a decode step computes its KV (step 3)."""
         append_blocks(self, seq)
 
+    def publish_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """The first `num_tokens` tokens of `seq` are computed (or scheduled in this step): notebook 05's
+        prefix cache publishes the blocks they fill; without it there is nothing to do."""
+
+    def withhold_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Only the first `num_tokens` tokens of `seq` will be computed by the end of this step: notebook 05's
+        prefix cache must not offer its blocks past them (notebook 06's mixed steps); without it, nothing."""
+
 # %% ../../notebooks/03_paged_blocks.ipynb #e3b01bde
 from fastcore.basics import patch
 

@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 from ..config import Config
 from ..sampling_params import SamplingParams
-from .model_runner import ModelRunner, StepOutput, requested_features
+from .model_runner import ModelRunner, StepOutput, num_decode_rows, requested_features
 from .observer import ObserverGroup, StepObserver
 from .prefix_cache import make_block_manager
 from .scheduler import Scheduler
@@ -42,11 +42,12 @@ def load_tokenizer(model: str):
 
 class StepResult(NamedTuple):
     """What one engine step did: the sequences it finished, the tokens it processed (a prefill's scheduled
-    tokens, a decode's one per sequence) and whether it was a prefill."""
+    tokens, a decode's one per sequence), whether it held prefill chunks, and how many of its tokens were decode
+    rows (all of a decode step's; notebook 06's mixed steps hold both)."""
     finished: list[Sequence]
     num_tokens: int
     is_prefill: bool
-
+    num_decode_tokens: int = 0
 
 # %% ../../notebooks/08_engine_core.ipynb #2c55b834
 class EngineCore:
@@ -247,6 +248,7 @@ class InflightStep:
     output: StepOutput
     pending: list[tuple[Sequence, int]]  # (sequence, index of its placeholder token)
     num_tokens: int  # tokens processed: a prefill's scheduled tokens, a decode's one per sequence
+    num_decode_tokens: int  # of those, the decode rows' (one each)
 
 
 def launch_step(engine: EngineCore) -> InflightStep:
@@ -259,10 +261,11 @@ def launch_step(engine: EngineCore) -> InflightStep:
     observer.step_scheduled(engine, seqs, is_prefill)
     engine.mark_scheduled(seqs, is_prefill)
     num_tokens = sum(seq.num_scheduled_tokens for seq in seqs) if is_prefill else len(seqs)
+    num_decode_tokens = num_decode_rows(seqs) if is_prefill else len(seqs)
     output = engine.model_runner.launch(seqs, is_prefill)
     with observer.part("postprocess"):
         pending = engine.scheduler.reserve(seqs)
-    return InflightStep(seqs, is_prefill, output, pending, num_tokens)
+    return InflightStep(seqs, is_prefill, output, pending, num_tokens, num_decode_tokens)
 
 
 def complete_step(engine: EngineCore, step: InflightStep) -> StepResult:
@@ -273,7 +276,7 @@ def complete_step(engine: EngineCore, step: InflightStep) -> StepResult:
         finished = engine.scheduler.commit(step.pending, token_ids)
         finished = engine.record_outputs(step.output, step.pending, finished, forked)
     engine.observer.step_finished(engine, step.seqs, step.is_prefill, finished)
-    return StepResult(finished, step.num_tokens, step.is_prefill)
+    return StepResult(finished, step.num_tokens, step.is_prefill, step.num_decode_tokens)
 
 # %% ../../notebooks/08_engine_core.ipynb #5cf6d2ba
 @patch
@@ -317,7 +320,7 @@ class TokenRate:
 
     def update(self, now: float, step: StepResult) -> dict[str, float]:
         """Record a step that ended at `now` (what `step` returned)."""
-        prefill = step.num_tokens if step.is_prefill else 0
+        prefill = step.num_tokens - step.num_decode_tokens
         self.marks.append((now, prefill, step.num_tokens - prefill))
         while len(self.marks) > 2 and self.marks[1][0] <= now - self.window:
             self.marks.popleft()  # keep one mark at or before the window's start: it times the window

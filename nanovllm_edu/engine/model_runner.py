@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['RUNNER_FEATURES', 'ENGINE_FEATURES', 'CPU_KV_BUDGET_BYTES', 'CPU_KV_MIN_BYTES', 'ModelRunner', 'LocalRanks',
-           'NoCarry', 'EagerForward', 'requested_features', 'NoFeatures', 'block_table_array', 'pinned_copy',
-           'StepOutput', 'waiting_forks', 'copy_kv_blocks']
+           'NoCarry', 'EagerForward', 'requested_features', 'NoFeatures', 'block_table_array', 'is_decode_row',
+           'num_decode_rows', 'pinned_copy', 'StepOutput', 'waiting_forks', 'copy_kv_blocks']
 
 # %% ../../notebooks/07_model_runner.ipynb #facee2a1
 import logging
@@ -310,6 +310,44 @@ def prepare_decode(self: ModelRunner, seqs: list[Sequence]) -> StepInputs:
                       block_tables=torch.from_numpy(table), max_seqlen_k=int(context_lens.max()),
                       context_lens=torch.from_numpy(context_lens.astype(np.int32)))
 
+# %% ../../notebooks/07_model_runner.ipynb #mixed-inputs-code
+def is_decode_row(seq: Sequence) -> bool:
+    """A sequence past its prompt that computes one token, its newest (a prompt's last token is a chunk)."""
+    return seq.num_completion_tokens > 0 and seq.num_scheduled_tokens == 1 and seq.num_computed_tokens == seq.num_tokens - 1
+
+
+def num_decode_rows(seqs: list[Sequence]) -> int:
+    """How many of a step's first sequences are decode rows (the scheduler puts them first). A sequence
+    recomputed after a preemption whose one remaining token leads the chunks counts too: the same computation."""
+    n = 0
+    while n < len(seqs) and is_decode_row(seqs[n]):
+        n += 1
+    return n
+
+
+@patch
+def prepare_mixed(self: ModelRunner, seqs: list[Sequence], num_decodes: int) -> StepInputs:
+    """A mixed step: the decode rows' inputs (`prepare_decode`), then the chunks' (`prepare_prefill`), in one
+    step; one block table for all, the chunks' lengths counted from their first row."""
+    decode, chunks = self.prepare_decode(seqs[:num_decodes]), self.prepare_prefill(seqs[num_decodes:])
+    return StepInputs(
+        True, *(torch.cat([getattr(decode, name), getattr(chunks, name)])
+                for name in ("input_ids", "positions", "slot_mapping")),
+        block_tables=torch.from_numpy(block_table_array(seqs)), cu_seqlens_q=chunks.cu_seqlens_q,
+        cu_seqlens_k=chunks.cu_seqlens_k, max_seqlen_q=chunks.max_seqlen_q, max_seqlen_k=chunks.max_seqlen_k,
+        context_lens=decode.context_lens, num_decode_rows=num_decodes,
+        logits_indices=torch.cat([torch.arange(num_decodes), chunks.logits_indices + num_decodes]))
+
+
+@patch
+def prepare_step(self: ModelRunner, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
+    """The inputs of a prefill step, a mixed one (decode rows first, then chunks) or a decode step (also when
+    every row of a step with chunks computes one token, its sequence's last: the same computation)."""
+    num_decodes = num_decode_rows(seqs) if is_prefill else len(seqs)
+    if num_decodes == 0:
+        return self.prepare_prefill(seqs)
+    return self.prepare_mixed(seqs, num_decodes) if num_decodes < len(seqs) else self.prepare_decode(seqs)
+
 # %% ../../notebooks/07_model_runner.ipynb #0c693af6
 @patch
 def prepare_sample(self: ModelRunner, seqs: list[Sequence]) -> SamplingInputs:
@@ -432,12 +470,14 @@ class StepOutput:
 def launch(self: ModelRunner, seqs: list[Sequence], is_prefill: bool) -> StepOutput:
     """Start one engine step on the device and return at once; its tokens arrive later (`token_ids`)."""
     with self.observer.part("prepare"):
-        step = self.prepare_prefill(seqs) if is_prefill else self.carry.mark_pending(self.prepare_decode(seqs), seqs)
+        step = self.prepare_step(seqs, is_prefill)
         step, scored = self.features.prompt_rows(step, seqs) if is_prefill else (step, [])  # 09: prompt logprobs
+        step = self.carry.mark_pending(step, seqs)  # 12: decode rows whose token is still on the device
         sampled = [seq for seq in seqs if seq.num_computed_tokens + seq.num_scheduled_tokens == seq.num_tokens]
         forks = [(row, seq, child) for row, seq in enumerate(sampled) for child in waiting_forks(seq)] if is_prefill else []
         if forks:  # a prompt with n > 1 just finished: its other completions sample from the same logits row
-            step.logits_indices = torch.cat([step.logits_indices, step.logits_indices[[row for row, _, _ in forks]]])
+            rows = step.logits_indices if step.logits_indices is not None else torch.arange(len(sampled))
+            step.logits_indices = torch.cat([rows, rows[[row for row, _, _ in forks]]])
         sampling = self.prepare_sample(sampled + [child for _, _, child in forks]) if sampled else None
     tokens = self.ranks.run_step(lambda: self.execute(step, sampling), step)
     logprobs, prompt_logprobs = self.features.take_logprobs()

@@ -60,6 +60,16 @@ class PrefixCachingBlockManager(BlockManager):
         """Publish the hashes of the blocks of `seq` that its first `num_tokens` tokens fill."""
         publish_hashes(self, seq, num_tokens)
 
+    def withhold_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Take back the hashes of `seq`'s blocks past its first `num_tokens` tokens (`allocate` published
+        the whole prompt's): a later chunk computes them and publishes them again."""
+        for block_id in seq.block_table[num_tokens // self.block_size:]:
+            block = self.blocks[block_id]
+            if block.ref_count == 1 and block.hash != -1:  # its own block, not one shared with another request
+                if self.hash_to_block_id.get(block.hash) == block_id:
+                    del self.hash_to_block_id[block.hash]
+                block.hash, block.token_ids = -1, []
+
 # %% ../../notebooks/05_prefix_hashing.ipynb #lookup-code
 from fastcore.basics import patch
 

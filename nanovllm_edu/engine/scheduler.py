@@ -18,6 +18,8 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
+        self.mixed_steps = config.mixed_steps  # decodes and chunks share a step (below, "Mixed steps")
+        self.chunk_cap = config.long_prefill_token_threshold or config.max_num_batched_tokens
         self.eos_token_ids = frozenset(config.eos)  # every id that ends a sequence (notebook 01)
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
@@ -67,7 +69,14 @@ def _schedule_prefill(self: Scheduler) -> list[Sequence]:
         scheduled.append(seq)
         if self.prefilling is not None:  # still not done: it used the whole budget
             return scheduled
-    bm = self.block_manager
+    return scheduled + self._admit(budget, self._schedule_chunk)
+
+
+@patch
+def _admit(self: Scheduler, budget: int, schedule_chunk) -> list[Sequence]:
+    """Admit prompts from the head of `waiting` while blocks, `max_num_seqs` and `budget` allow, each with its
+    first chunk (`schedule_chunk(seq, budget)` returns the tokens it took); returns them."""
+    bm, admitted = self.block_manager, []
     while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
         seq = self.waiting[0]
         if not bm.can_allocate(seq):
@@ -76,9 +85,9 @@ def _schedule_prefill(self: Scheduler) -> list[Sequence]:
         self.waiting.popleft()
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
-        budget -= self._schedule_chunk(seq, budget)
-        scheduled.append(seq)
-    return scheduled
+        budget -= schedule_chunk(seq, budget)
+        admitted.append(seq)
+    return admitted
 
 
 @patch
@@ -92,22 +101,24 @@ def _schedule_chunk(self: Scheduler, seq: Sequence, budget: int) -> int:
 # %% ../../notebooks/06_scheduler.ipynb #f6342c08
 @patch
 def _schedule_decode(self: Scheduler) -> list[Sequence]:
+    """One token for every running sequence that has computed all but its newest token, oldest first; one
+    that cannot get a block preempts the newest running sequence (or itself, when it is the newest)."""
     bm, scheduled = self.block_manager, []
     limit = min(self.max_num_seqs, self.max_num_batched_tokens)
-    assert self.prefilling is None, "decode must not start while a prompt is half prefilled"
-    while self.running and len(scheduled) < limit:
-        seq = self.running.popleft()
+    for seq in list(self.running):
+        if len(scheduled) == limit:
+            break
+        if seq.status != SequenceStatus.RUNNING or seq.num_tokens - seq.num_computed_tokens != 1:
+            continue  # preempted just now, or a prompt part-way through its prefill (a mixed step's chunk)
         while not bm.can_append(seq):
-            if self.running:
-                self.preempt(self.running.pop())  # the newest has the least work to lose
-            else:
-                self.preempt(seq)
+            victim = self.running.pop()  # the newest has the least work to lose
+            self.preempt(victim)
+            if victim is seq:
                 break
         else:
             bm.may_append(seq)
             seq.num_scheduled_tokens = 1
             scheduled.append(seq)
-    self.running.extendleft(reversed(scheduled))  # back in front, in their old order
     # the step's rows go longest context first: the attention kernel then starts the longest rows' work first
     return sorted(scheduled, key=lambda seq: seq.num_tokens, reverse=True)
 
@@ -117,6 +128,8 @@ def schedule(self: Scheduler) -> tuple[list[Sequence], bool]:
     """The next step's sequences and whether it is a prefill step."""
     if self.is_finished():
         return [], False
+    if self.mixed_steps:
+        return self._schedule_mixed()
     seqs = self._schedule_prefill()
     if seqs:
         return seqs, True
@@ -266,3 +279,46 @@ def start_running(self: Scheduler, seq: Sequence, token_id: int, has_blocks: boo
     if not has_blocks and not seq.is_finished:
         self.running.remove(seq)
         self.preempt(seq)  # recomputed later, like any preempted sequence
+
+# %% ../../notebooks/06_scheduler.ipynb #mixed-code
+@patch
+def _schedule_mixed(self: Scheduler) -> tuple[list[Sequence], bool]:
+    """One mixed step: the running decodes first, one token each; then prefill chunks fill the rest of the
+    token budget, prompts already part-way first, then new ones, each at most `chunk_cap` tokens. Returns
+    the decodes then the chunks, and whether there are chunks."""
+    num_preemptions = self.num_preemptions
+    decodes = self._schedule_decode()
+    # a step that had to preempt admits no one (they would take the blocks just freed), unless nothing else runs
+    admit = self.num_preemptions == num_preemptions or not decodes
+    chunks = self._schedule_chunks(self.max_num_batched_tokens - len(decodes), admit)
+    if not decodes and not chunks:
+        raise RuntimeError(self._stuck_message())
+    return decodes + chunks, bool(chunks)
+
+
+@patch
+def _schedule_chunks(self: Scheduler, budget: int, admit: bool = True) -> list[Sequence]:
+    """Prefill chunks within `budget` tokens: the running prompts' next chunks, then (if `admit`) new prompts
+    from the waiting queue while blocks and max_num_seqs allow."""
+    scheduled = []
+    for seq in self.running:
+        if budget == 0:
+            return scheduled
+        if seq.num_scheduled_tokens == 0 and seq.num_tokens - seq.num_computed_tokens > 1:
+            budget -= self._schedule_capped_chunk(seq, budget)
+            scheduled.append(seq)
+    return scheduled + (self._admit(budget, self._schedule_capped_chunk) if admit else [])
+
+
+@patch
+def _schedule_capped_chunk(self: Scheduler, seq: Sequence, budget: int) -> int:
+    """Schedule the next at most `chunk_cap` of `seq`'s uncomputed tokens within `budget`; returns how many."""
+    seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget, self.chunk_cap)
+    # Prefix caching (notebook 05) publishes a prompt's full blocks when it allocates them. With separate steps
+    # nobody is admitted before the prompt's last chunk, but here a prompt admitted next (even in this step)
+    # could hit blocks that later chunks compute: offer only what this step computes (each layer stores
+    # before it attends, so blocks filled in this step may be shared within it).
+    computed = seq.num_computed_tokens + seq.num_scheduled_tokens
+    self.block_manager.publish_full_blocks(seq, computed)
+    self.block_manager.withhold_full_blocks(seq, computed)
+    return seq.num_scheduled_tokens

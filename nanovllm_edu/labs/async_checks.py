@@ -23,7 +23,8 @@ EOS, BS = 0, 16  # EOS is token 0; the smallest block size keeps the sequences s
 
 
 def _scheduler(cls, num_blocks: int = 16, **cfg):
-    fields = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 256, "eos": (EOS,)} | cfg
+    fields = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 256, "eos": (EOS,),
+              "mixed_steps": False, "long_prefill_token_threshold": 0} | cfg
     return cls(SimpleNamespace(**fields), BlockManager(num_blocks, BS))
 
 

@@ -15,7 +15,8 @@ EOS, TOKEN, BS = 0, 5, 16
 
 
 def _scheduler(cls, num_blocks: int = 64, **cfg):
-    fields = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "max_model_len": 1024, "eos": (EOS,)} | cfg
+    fields = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "max_model_len": 1024, "eos": (EOS,),
+              "mixed_steps": False, "long_prefill_token_threshold": 0} | cfg
     return cls(SimpleNamespace(**fields), BlockManager(num_blocks, BS))
 
 

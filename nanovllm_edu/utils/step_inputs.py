@@ -5,6 +5,7 @@ __all__ = ['StepInputs']
 
 # %% ../../notebooks/04_kv_cache.ipynb #afb7bcc6
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -26,27 +27,59 @@ class StepInputs:
     max_seqlen_k: int = 0
     context_lens: Tensor | None = None  # int32 [B] (decode): tokens in the cache, the new one included
     logits_indices: Tensor | None = None  # int64: rows of the hidden states that get logits (None: all)
+    # a mixed step (notebook 06): rows [0, num_decode_rows) decode one token each (context_lens, the first
+    # rows of block_tables), the rest are prefill chunks (cu_seqlens_q/k count from the first chunk row)
+    num_decode_rows: int = 0
+    source_rows: Tensor | None = None  # int64 [T] (notebook 12): row of the last step's tokens holding each input
+
+    @property
+    def is_mixed(self) -> bool:
+        return self.is_prefill and self.num_decode_rows > 0
 
     @property
     def num_seqs(self) -> int:
-        return self.context_lens.numel() if self.context_lens is not None else self.cu_seqlens_q.numel() - 1
+        if not self.is_prefill:
+            return self.context_lens.numel()
+        return self.num_decode_rows + self.cu_seqlens_q.numel() - 1
+
+    @cached_property
+    def decode_rows(self) -> "StepInputs":
+        """A mixed step's decode rows as a decode step of their own (built once per step, for every layer)."""
+        n = self.num_decode_rows
+        return StepInputs(False, self.input_ids[:n], self.positions[:n], self.slot_mapping[:n],
+                          block_tables=self.block_tables[:n], context_lens=self.context_lens)
+
+    @cached_property
+    def chunk_rows(self) -> "StepInputs":
+        """A mixed step's prefill chunks as a prefill step of their own, reading their context (the chunk's
+        own tokens included, stored first) through the block table."""
+        n = self.num_decode_rows
+        return StepInputs(True, self.input_ids[n:], self.positions[n:], self.slot_mapping[n:],
+                          block_tables=self.block_tables[n:], cu_seqlens_q=self.cu_seqlens_q,
+                          cu_seqlens_k=self.cu_seqlens_k, max_seqlen_q=self.max_seqlen_q,
+                          max_seqlen_k=self.max_seqlen_k)
 
     @property
     def num_sampled(self) -> int:
         """Rows that get logits (and a sampled token)."""
         return self.logits_indices.numel() if self.logits_indices is not None else self.input_ids.numel()
 
-    def to(self, device: torch.device | str) -> "StepInputs":
-        """The same inputs on `device`. To a GPU every tensor travels in ONE pinned copy (a launch of
-        its own costs more than the bytes): packed as int64, then viewed and cast back."""
-        device = torch.device(device)
-        tensors = {f.name: value for f in fields(self) if isinstance(value := getattr(self, f.name), Tensor)}
-        if device.type != "cuda":
-            return replace(self, **{name: t.to(device) for name, t in tensors.items()})
-        packed = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors.values()]).pin_memory()
-        packed = packed.to(device, non_blocking=True)
-        out, offset = {}, 0
-        for name, t in tensors.items():
-            out[name] = packed[offset: offset + t.numel()].view(t.shape).to(t.dtype)
-            offset += t.numel()
-        return replace(self, **out)
+# %% ../../notebooks/04_kv_cache.ipynb #step-inputs-to
+from fastcore.basics import patch
+
+
+@patch
+def to(self: StepInputs, device: torch.device | str) -> StepInputs:
+    """The same inputs on `device`. To a GPU every tensor travels in ONE pinned copy (a launch of
+    its own costs more than the bytes): packed as int64, then viewed and cast back."""
+    device = torch.device(device)
+    tensors = {f.name: value for f in fields(self) if isinstance(value := getattr(self, f.name), Tensor)}
+    if device.type != "cuda":
+        return replace(self, **{name: t.to(device) for name, t in tensors.items()})
+    packed = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors.values()]).pin_memory()
+    packed = packed.to(device, non_blocking=True)
+    out, offset = {}, 0
+    for name, t in tensors.items():
+        out[name] = packed[offset: offset + t.numel()].view(t.shape).to(t.dtype)
+        offset += t.numel()
+    return replace(self, **out)
