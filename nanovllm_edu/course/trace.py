@@ -94,7 +94,9 @@ class EngineTrace(StepObserver):
 
     def step_scheduled(self, engine, seqs: list, is_prefill: bool) -> None:
         bm, step = engine.block_manager, self._inflight[-1]  # the step just started
-        n = num_decode_rows(seqs) if is_prefill else len(seqs)  # as the runner splits the step
+        # the step's kind as the policy planned it: separate steps are prefill or decode (the runner may still run
+        # a recomputed sequence's one remaining token as a decode row, the same computation)
+        n = len(seqs) if not is_prefill else num_decode_rows(seqs) if engine.scheduler.mixed_steps else 0
         step.update(kind="prefill" if n == 0 else "decode" if n == len(seqs) else "mixed", num_decode_rows=n,
                     seq_ids=[s.seq_id for s in seqs],
                     chunks=[s.num_scheduled_tokens for s in seqs], used_blocks=bm.num_blocks - bm.num_free_blocks,

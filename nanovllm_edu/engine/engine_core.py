@@ -320,7 +320,7 @@ class TokenRate:
 
     def update(self, now: float, step: StepResult) -> dict[str, float]:
         """Record a step that ended at `now` (what `step` returned)."""
-        prefill = step.num_tokens - step.num_decode_tokens
+        prefill = step.num_tokens - step.num_decode_tokens if step.is_prefill else 0  # a mixed step holds both
         self.marks.append((now, prefill, step.num_tokens - prefill))
         while len(self.marks) > 2 and self.marks[1][0] <= now - self.window:
             self.marks.popleft()  # keep one mark at or before the window's start: it times the window
