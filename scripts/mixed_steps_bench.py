@@ -27,21 +27,25 @@ from nanovllm_edu.bench.timing import time_generate
 from nanovllm_edu.bench.workload import fit_to_vocab, make_workload, sampling_params_for, warmup_workload
 from nanovllm_edu.utils.step_inputs import StepInputs
 
-# name -> (mixed steps, piecewise CUDA graphs for prefill and mixed steps); the first is the engine before both
-POLICIES = {"separate, eager prefill": (False, False), "separate": (False, True), "mixed": (True, True)}
+# name -> (mixed steps, piecewise CUDA graphs, full-step CUDA graphs) for prefill and mixed steps; the first is
+# the engine before all three, "mixed, pieces" the mixed steps before full-step graphs
+POLICIES = {"separate, eager prefill": (False, False, False), "separate, pieces": (False, True, False),
+            "separate": (False, True, True), "mixed, pieces": (True, True, False), "mixed": (True, True, True)}
 
 
-def set_policy(llm, policy: tuple[bool, bool], chunk_cap: int | None = None) -> None:
-    """Switch an idle engine's scheduling policy, its piecewise graphs on or off, and mixed steps' per-prompt
-    chunk cap (0: none)."""
+def set_policy(llm, policy: tuple[bool, bool, bool], chunk_cap: int | None = None) -> None:
+    """Switch an idle engine's scheduling policy, its piecewise and full-step graphs on or off, and mixed
+    steps' per-prompt chunk cap (0: none)."""
     assert llm.is_finished(), "switch policies only between runs"
-    mixed, piecewise = policy
+    mixed, piecewise, full = policy
     llm.scheduler.mixed_steps = mixed
     cap = llm.config.long_prefill_token_threshold if chunk_cap is None else chunk_cap
     llm.scheduler.chunk_cap = cap or llm.config.max_num_batched_tokens
     forward = llm.model_runner.forward_pass
-    forward.saved_piecewise = getattr(forward, "saved_piecewise", None) or forward.piecewise
-    forward.piecewise = forward.saved_piecewise if piecewise else None
+    if not hasattr(forward, "saved"):
+        forward.saved = forward.piecewise, forward.full
+    forward.piecewise = forward.saved[0] if piecewise else None
+    forward.full = forward.saved[1] if full else None
 
 
 def latency(run: dict) -> dict:
@@ -132,7 +136,7 @@ def mixed_step(runner, num_decodes: int, context: int, chunk: int) -> StepInputs
     if not chunk:
         return StepInputs(False, ids, pos_d, slots_d, block_tables=table, context_lens=torch.full((num_decodes,), context, dtype=torch.int32)).to(dev)
     return StepInputs(True, ids, torch.cat([pos_d, pos_c]), torch.cat([slots_d, slots_c]), block_tables=table,
-                      cu_seqlens_q=torch.tensor([0, chunk], dtype=torch.int32),
+                      cu_seqlens_q=torch.tensor([num_decodes, num_decodes + chunk], dtype=torch.int32),
                       cu_seqlens_k=torch.tensor([0, chunk], dtype=torch.int32), max_seqlen_q=chunk, max_seqlen_k=chunk,
                       context_lens=torch.full((num_decodes,), context, dtype=torch.int32),
                       num_decode_rows=num_decodes).to(dev)
@@ -141,7 +145,8 @@ def mixed_step(runner, num_decodes: int, context: int, chunk: int) -> StepInputs
 @torch.inference_mode()
 def cost(model: str, args) -> dict:
     """A step's time run eagerly, replayed from a CUDA graph captured for exactly that shape (the most any graph
-    scheme could save), and replayed in pieces around eager attention (`PiecewiseGraphs`, what the engine does)."""
+    scheme could save), replayed in pieces around eager attention (`PiecewiseGraphs`) and replayed from the
+    full-step graph of its token bucket (`FullStepGraphs`, what the engine does when the step fits one)."""
     from nanovllm_edu.llm import LLM
     llm = LLM(model, attention_backend="triton")
     runner, rows = llm.model_runner, []
@@ -164,16 +169,22 @@ def cost(model: str, args) -> dict:
             del graph
             row = {"decode_rows": num_decodes, "chunk_tokens": chunk, "context": args.context,
                    "eager_ms": eager, "launch_ms": launch_ms, "graph_ms": replay}
-            piecewise = runner.forward_pass.piecewise
-            if chunk and piecewise.padded_size(num_decodes + chunk) is not None:
-                pieces = lambda step=step, piecewise=piecewise: piecewise.run(step)
-                pieces()
-                row["piecewise_ms"] = time_ms(pieces)
+            piecewise, full = runner.forward_pass.piecewise, runner.forward_pass.full
+            for name, graphs, fits in (("piecewise", piecewise, chunk and piecewise.padded_size(num_decodes + chunk)),
+                                       ("full", full, chunk and full.padded_size(step))):
+                if not fits:
+                    continue
+                replay = lambda step=step, graphs=graphs: graphs.run(step)
+                replay()
+                row[f"{name}_ms"] = time_ms(replay)
                 cpu_start = time.perf_counter()
                 for _ in range(10):
-                    pieces()
-                row["piecewise_launch_ms"] = round(1e3 * (time.perf_counter() - cpu_start) / 10, 3)
+                    replay()
+                row[f"{name}_launch_ms"] = round(1e3 * (time.perf_counter() - cpu_start) / 10, 3)
                 torch.cuda.synchronize()
+            if "full_ms" in row:  # the full graph computes what the eager step does
+                eager_hidden, full_hidden = forward(), full.run(step)
+                row["full_max_abs_diff"] = (eager_hidden.float() - full_hidden.float()).abs().max().item()
             rows.append(row)
             print(json.dumps(rows[-1]), flush=True)
     return {"steps": rows}

@@ -426,7 +426,7 @@ def test_prepare_mixed_rows_and_attention_equal_two_separate_steps(runner):
         assert step.slot_mapping.tolist() == slots
         assert step.logits_indices.tolist() == logits
         assert step.logits_indices.tolist() == ([0, 4, 30] if k == 0 else [0, 1, 2])
-        assert step.cu_seqlens_q.tolist() == cu_q and step.cu_seqlens_k.tolist() == cu_k
+        assert step.cu_seqlens_q.tolist() == [n + c for c in cu_q] and step.cu_seqlens_k.tolist() == cu_k  # q: from row 0
         assert step.max_seqlen_q == max(b - a for a, b in pairwise(cu_q))
         assert step.max_seqlen_k == max(b - a for a, b in pairwise(cu_k))
         assert step.block_tables.shape == (len(seqs), max(len(s.block_table) for s in seqs))

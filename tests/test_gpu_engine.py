@@ -78,6 +78,29 @@ def test_engine_paths_keep_float32_greedy_output(shapes, name, args):
     assert engine_greedy(path, prompts, 24, **(CUDA | args)) == reference, name
 
 
+@pytest.mark.parametrize("args", [dict(mixed_steps=True, max_num_batched_tokens=48, long_prefill_token_threshold=16),
+                                  dict(max_num_batched_tokens=32)])
+def test_full_step_graphs_and_pieces_give_the_same_tokens(shapes, args):
+    """Mixed steps, and separate steps with chunked prompts (their later chunks carry block tables), replay
+    full-step graphs; with those off, pieces; both must keep the eager engine's greedy tokens."""
+    from nanovllm_edu.engine.cuda_graph import forward_step_counts
+    path, prompts = shapes[1], prompts_for(256)
+    reference = engine_greedy(path, prompts, 24, **(CUDA | args | dict(enforce_eager=True)))
+    llm = LLM(path, **(CUDA | args))
+    params = SamplingParams(temperature=0, max_tokens=24)
+    forward = llm.model_runner.forward_pass
+    assert forward.full is not None and forward.piecewise is not None
+    for kind in ("full", "pieces"):
+        before = forward_step_counts(llm.model_runner)
+        assert [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)] == reference, kind
+        after = forward_step_counts(llm.model_runner)
+        steps = {key: after[key] - before[key] for key in after}
+        assert steps["full_graph_steps" if kind == "full" else "piecewise_steps"] > 0, (kind, steps)
+        if kind == "pieces":
+            assert steps["full_graph_steps"] == 0
+        forward.full = None  # the second round: pieces only
+
+
 def test_prefix_hits_keep_output_and_are_reported(shapes):
     llm = LLM(shapes[0], **CUDA)
     shared = prompts_for(256)[4][:64]

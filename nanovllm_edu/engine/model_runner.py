@@ -328,12 +328,12 @@ def num_decode_rows(seqs: list[Sequence]) -> int:
 @patch
 def prepare_mixed(self: ModelRunner, seqs: list[Sequence], num_decodes: int) -> StepInputs:
     """A mixed step: the decode rows' inputs (`prepare_decode`), then the chunks' (`prepare_prefill`), in one
-    step; one block table for all, the chunks' lengths counted from their first row."""
+    step; one block table for all, the chunks' rows counted from the step's first (after the decode rows)."""
     decode, chunks = self.prepare_decode(seqs[:num_decodes]), self.prepare_prefill(seqs[num_decodes:])
     return StepInputs(
         True, *(torch.cat([getattr(decode, name), getattr(chunks, name)])
                 for name in ("input_ids", "positions", "slot_mapping")),
-        block_tables=torch.from_numpy(block_table_array(seqs)), cu_seqlens_q=chunks.cu_seqlens_q,
+        block_tables=torch.from_numpy(block_table_array(seqs)), cu_seqlens_q=chunks.cu_seqlens_q + num_decodes,
         cu_seqlens_k=chunks.cu_seqlens_k, max_seqlen_q=chunks.max_seqlen_q, max_seqlen_k=chunks.max_seqlen_k,
         context_lens=decode.context_lens, num_decode_rows=num_decodes,
         logits_indices=torch.cat([torch.arange(num_decodes), chunks.logits_indices + num_decodes]))
@@ -407,7 +407,7 @@ def execute(self: ModelRunner, step: StepInputs, sampling: SamplingInputs | None
         step = self.device_inputs(step)
     if step.num_sampled == 0:  # every sequence is mid-way through a chunked prefill: no logits at all
         with self.observer.part("forward"):
-            self.features.score_prompt(self.model(step.input_ids, step.positions, step), step)
+            self.features.score_prompt(self.forward_pass(step), step)
         return torch.empty(0, dtype=torch.int64, device=self.device) if self.rank == 0 else None
     with self.observer.part("forward"):
         logits = self.forward(step)

@@ -151,17 +151,19 @@ def _check_attention_args(q: Tensor, kv: Tensor, kv_heads: int) -> None:
 
 
 def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, context_lens: Tensor,
-                 scale: float, num_splits: int | None = None, block_n: int | None = None) -> Tensor:
+                 scale: float, num_splits: int | None = None, block_n: int | None = None,
+                 out: Tensor | None = None) -> Tensor:
     """Attention of one query per sequence, q [B, H, D], over `context_lens[b]` cached tokens found through
-    `block_tables` [B, max_blocks] in k/v_cache [num_blocks, block_size, KVH, D] -> [B, H, D].
-    `num_splits` (default: from shapes) and `block_n` (tile length) are for tests and tuning."""
+    `block_tables` [B, max_blocks] in k/v_cache [num_blocks, block_size, KVH, D] -> [B, H, D] (into `out` when
+    given; a row with no context gets zeros). `num_splits` (default: from shapes) and `block_n` (tile length)
+    are for tests and tuning."""
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     _check_attention_args(q, k_cache, num_kv_heads)
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous"
     assert batch <= 65535, f"at most 65,535 sequences per call (the grid's second axis), got {batch}"
     group = num_heads // num_kv_heads
-    out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device) if out is None else out
     if batch == 0:
         return out
     on_gpu = q.is_cuda and not triton_interpreted()
@@ -292,17 +294,18 @@ def _prefill_kernel(
 # %% ../../notebooks/11_triton_attention.ipynb #ca7954f7
 def varlen_prefill(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor,
                    cu_seqlens_k: Tensor, max_seqlen_q: int, block_tables: Tensor | None, scale: float,
-                   block_m: int | None = None, block_n: int | None = None) -> Tensor:
+                   block_m: int | None = None, block_n: int | None = None, out: Tensor | None = None) -> Tensor:
     """Causal attention of packed sequences, q [T, H, D], k/v [T, KVH, D] (the new tokens) -> [T, H, D].
     With `block_tables` every sequence's whole context is read from the paged caches (the new tokens must
-    already be stored there); without, keys come from k/v and cu_seqlens_k must equal cu_seqlens_q."""
+    already be stored there); without, keys come from k/v and cu_seqlens_k must equal cu_seqlens_q.
+    Only the rows `cu_seqlens_q` names are written (into `out` when given): it may start past row 0."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     paged = block_tables is not None
     _check_attention_args(q, k, num_kv_heads)
     assert v.stride(-1) == 1, "channels must be contiguous (unit last stride)"
     assert not paged or (k_cache.is_contiguous() and v_cache.is_contiguous()), "caches must be contiguous"
-    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device) if out is None else out
     batch = cu_seqlens_q.numel() - 1
     if num_tokens == 0 or batch == 0:
         return out

@@ -28,7 +28,8 @@ class StepInputs:
     context_lens: Tensor | None = None  # int32 [B] (decode): tokens in the cache, the new one included
     logits_indices: Tensor | None = None  # int64: rows of the hidden states that get logits (None: all)
     # a mixed step (notebook 06): rows [0, num_decode_rows) decode one token each (context_lens, the first
-    # rows of block_tables), the rest are prefill chunks (cu_seqlens_q/k count from the first chunk row)
+    # rows of block_tables), the rest are prefill chunks: cu_seqlens_q starts at num_decode_rows (the rows of
+    # the whole step), cu_seqlens_k at 0 (it only measures contexts)
     num_decode_rows: int = 0
     source_rows: Tensor | None = None  # int64 [T] (notebook 12): row of the last step's tokens holding each input
 
@@ -52,10 +53,10 @@ class StepInputs:
     @cached_property
     def chunk_rows(self) -> "StepInputs":
         """A mixed step's prefill chunks as a prefill step of their own, reading their context (the chunk's
-        own tokens included, stored first) through the block table."""
+        own tokens included, stored first) through the block table; rows counted from the first chunk's."""
         n = self.num_decode_rows
         return StepInputs(True, self.input_ids[n:], self.positions[n:], self.slot_mapping[n:],
-                          block_tables=self.block_tables[n:], cu_seqlens_q=self.cu_seqlens_q,
+                          block_tables=self.block_tables[n:], cu_seqlens_q=self.cu_seqlens_q - n,
                           cu_seqlens_k=self.cu_seqlens_k, max_seqlen_q=self.max_seqlen_q,
                           max_seqlen_k=self.max_seqlen_k)
 

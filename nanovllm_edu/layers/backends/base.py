@@ -23,6 +23,7 @@ class AttentionBackend(ABC):
     """
     name: str = "abstract"
     supports_cuda_graphs: bool = False  # True when decode can be captured in a CUDA graph (notebook 13)
+    supports_full_graphs: bool = False  # True when `mixed` can be captured for any split of rows (notebook 13)
 
     @abstractmethod
     def store_kvcache(self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
@@ -37,6 +38,14 @@ class AttentionBackend(ABC):
     @abstractmethod
     def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInputs, scale: float) -> Tensor:
         """One query per sequence against `step.context_lens[b]` cached tokens of its block table."""
+
+    def mixed(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInputs,
+              scale: float) -> Tensor:
+        """A mixed step (notebook 06): the decode rows through `decode`, then the chunk rows through `prefill`."""
+        n = step.num_decode_rows
+        decoded = self.decode(q[:n], k_cache, v_cache, step.decode_rows, scale)
+        chunks = self.prefill(q[n:], k[n:], v[n:], k_cache, v_cache, step.chunk_rows, scale)
+        return torch.cat([decoded, chunks])
 
     def prepare_qk(self, positions: Tensor, q: Tensor, k: Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
                    rotary_emb: RotaryEmbedding) -> tuple[Tensor, Tensor]:
@@ -57,12 +66,8 @@ class PagedAttention(Attention):
         if step is None:
             return super().forward(q, k, v)
         self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, step.slot_mapping)
-        if step.is_mixed:  # decode rows first, through the decode kernel; then the chunks, through prefill's
-            n = step.num_decode_rows
-            decoded = self.backend.decode(q[:n], self.k_cache, self.v_cache, step.decode_rows, self.scale)
-            chunks = self.backend.prefill(q[n:], k[n:], v[n:], self.k_cache, self.v_cache, step.chunk_rows,
-                                          self.scale)
-            return torch.cat([decoded, chunks])
+        if step.is_mixed:  # decode rows first, then the chunks
+            return self.backend.mixed(q, k, v, self.k_cache, self.v_cache, step, self.scale)
         if step.is_prefill:
             return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, step, self.scale)
         return self.backend.decode(q, self.k_cache, self.v_cache, step, self.scale)

@@ -4,6 +4,7 @@
 __all__ = ['TritonBackend']
 
 # %% ../../../notebooks/11_triton_attention.ipynb #f32f098a
+import torch
 from torch import Tensor
 
 from ...utils.step_inputs import StepInputs
@@ -19,6 +20,7 @@ class TritonBackend(AttentionBackend):
     """Paged attention with this package's Triton kernels (CUDA; on CPU through Triton's interpreter)."""
     name = "triton"
     supports_cuda_graphs = True  # decode reads only tensors and static shapes: no host sync, capturable
+    supports_full_graphs = True  # `mixed` reads every count from tensors: notebook 13 captures whole steps
 
     def store_kvcache(self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
         store_kvcache(k, v, k_cache, v_cache, slot_mapping)
@@ -33,6 +35,17 @@ class TritonBackend(AttentionBackend):
 
     def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInputs, scale: float) -> Tensor:
         return paged_decode(q, k_cache, v_cache, step.block_tables, step.context_lens, scale)
+
+    def mixed(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInputs,
+              scale: float) -> Tensor:
+        """Both kernels write one output, without slicing q by a count the host must know: decode covers the
+        first `num_decode_rows` rows (a row with context length 0 is padding: zeros), then prefill overwrites
+        the chunk rows, found through `cu_seqlens_q` (it counts from row 0). So a CUDA graph captured with more
+        decode rows and chunk slots than a step uses replays any step that fits (notebook 13)."""
+        n, out = step.num_decode_rows, torch.empty_like(q)
+        paged_decode(q[:n], k_cache, v_cache, step.block_tables[:n], step.context_lens, scale, out=out[:n])
+        return varlen_prefill(q, k, v, k_cache, v_cache, step.cu_seqlens_q, step.cu_seqlens_k, step.max_seqlen_q,
+                              step.block_tables[n:], scale, out=out)
 
     def prepare_qk(self, positions: Tensor, q: Tensor, k: Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
                    rotary_emb: RotaryEmbedding) -> tuple[Tensor, Tensor]:
