@@ -233,21 +233,23 @@ def check_mixed_step(sched, decoding_before, seqs, is_prefill):
     assert sum(s.num_scheduled_tokens for s in seqs) <= sched.max_num_batched_tokens
     assert len({id(s) for s in seqs}) == len(seqs)
     assert all(s.status == SequenceStatus.RUNNING and s.block_table for s in seqs)
-    n = 0
-    while n < len(seqs) and id(seqs[n]) in decoding_before:
-        n += 1
+    n = num_decode_rows(seqs)  # the runner's split (notebook 07)
     decodes, chunks = seqs[:n], seqs[n:]
-    assert not any(id(s) in decoding_before for s in chunks), "a decode row after a prefill chunk"
+    assert all(id(s) in decoding_before for s in decodes)
+    # a sequence with a token being sampled must be a decode row (async scheduling fills only those on the
+    # device); a prompt whose one last token remains may lead the chunks
+    assert not any(id(s) in decoding_before and s.num_completion_tokens for s in chunks), "a decode row after a chunk"
     assert all(s.num_scheduled_tokens == 1 and s.num_computed_tokens == s.num_tokens - 1 for s in decodes)
     lens = [s.num_tokens for s in decodes]
     assert lens == sorted(lens, reverse=True), "decode rows must come longest context first"
     # every running decode got its row, up to the limit
-    left_out = [s for s in sched.running if id(s) in decoding_before and s not in decodes]
-    assert not left_out or len(decodes) == min(sched.max_num_seqs, sched.max_num_batched_tokens)
+    one_token = [s for s in seqs if id(s) in decoding_before]
+    left_out = [s for s in sched.running if id(s) in decoding_before and s not in one_token]
+    assert not left_out or len(one_token) == min(sched.max_num_seqs, sched.max_num_batched_tokens)
     for s in chunks:
         assert 1 <= s.num_scheduled_tokens <= sched.chunk_cap, "a chunk over the cap"
         assert s.num_computed_tokens + s.num_scheduled_tokens <= s.num_tokens
-    assert is_prefill == bool(chunks)
+    assert is_prefill == any(id(s) not in decoding_before for s in chunks)
     for s in seqs:  # the blocks cover every token the step computes
         assert len(s.block_table) * s.block_size >= s.num_computed_tokens + s.num_scheduled_tokens
 

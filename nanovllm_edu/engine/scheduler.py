@@ -287,7 +287,9 @@ def _schedule_mixed(self: Scheduler) -> tuple[list[Sequence], bool]:
     token budget, prompts already part-way first, then new ones, each at most `chunk_cap` tokens. Returns
     the decodes then the chunks, and whether there are chunks."""
     num_preemptions = self.num_preemptions
-    decodes = self._schedule_decode()
+    # a prompt whose one remaining token is its last computes like a decode, but has no token being sampled:
+    # it goes after the true decodes (a stable sort keeps longest first), so the runner counts it as a chunk
+    decodes = sorted(self._schedule_decode(), key=lambda seq: seq.num_completion_tokens == 0)
     # a step that had to preempt admits no one (they would take the blocks just freed), unless nothing else runs
     admit = self.num_preemptions == num_preemptions or not decodes
     chunks = self._schedule_chunks(self.max_num_batched_tokens - len(decodes), admit)
