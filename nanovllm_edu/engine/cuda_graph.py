@@ -342,7 +342,7 @@ class CUDAGraphForward(EagerForward):
     def close(self) -> None:
         self.graphs = self.full = self.piecewise = None  # free the graphs first: under TP they hold NCCL kernels
 
-
+# %% ../../notebooks/13_cuda_graphs.ipynb #graph-forward-helpers
 def forward_step_counts(runner: ModelRunner) -> dict[str, int]:
     """Steps so far that replayed a CUDA graph and steps that ran eagerly (empty: the runner has no graphs)."""
     forward = runner.forward_pass

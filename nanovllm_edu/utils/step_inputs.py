@@ -27,9 +27,8 @@ class StepInputs:
     max_seqlen_k: int = 0
     context_lens: Tensor | None = None  # int32 [B] (decode): tokens in the cache, the new one included
     logits_indices: Tensor | None = None  # int64: rows of the hidden states that get logits (None: all)
-    # a mixed step (notebook 06): rows [0, num_decode_rows) decode one token each (context_lens, the first
-    # rows of block_tables), the rest are prefill chunks: cu_seqlens_q starts at num_decode_rows (the rows of
-    # the whole step), cu_seqlens_k at 0 (it only measures contexts)
+    # a mixed step (notebook 06): rows [0, num_decode_rows) decode one token each (context_lens, the first rows
+    # of block_tables), the rest are prefill chunks; cu_seqlens_q counts the step's rows (from num_decode_rows)
     num_decode_rows: int = 0
     source_rows: Tensor | None = None  # int64 [T] (notebook 12): row of the last step's tokens holding each input
 

@@ -43,9 +43,8 @@ class AttentionBackend(ABC):
               scale: float) -> Tensor:
         """A mixed step (notebook 06): the decode rows through `decode`, then the chunk rows through `prefill`."""
         n = step.num_decode_rows
-        decoded = self.decode(q[:n], k_cache, v_cache, step.decode_rows, scale)
-        chunks = self.prefill(q[n:], k[n:], v[n:], k_cache, v_cache, step.chunk_rows, scale)
-        return torch.cat([decoded, chunks])
+        return torch.cat([self.decode(q[:n], k_cache, v_cache, step.decode_rows, scale),
+                          self.prefill(q[n:], k[n:], v[n:], k_cache, v_cache, step.chunk_rows, scale)])
 
     def prepare_qk(self, positions: Tensor, q: Tensor, k: Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
                    rotary_emb: RotaryEmbedding) -> tuple[Tensor, Tensor]:
