@@ -199,13 +199,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="runs of each policy (default: online 1, offline 3)")
     ap.add_argument("--stall-prompt-len", type=int, default=4000)
     ap.add_argument("--caps", type=int, nargs="*", default=[256, 512, 1024, 2048, 0])
-    ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
+    ap.add_argument("--policies", nargs="+", default=None, choices=list(POLICIES),
+                    help="default: online 'separate', 'mixed, pieces', 'mixed' (five policies overrun the suite's "
+                         "5 minutes); offline 'separate, eager prefill', 'separate', 'mixed'")
     ap.add_argument("--sweep-rate", type=float, default=40.0)
     ap.add_argument("--decode-rows", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--chunks", type=int, nargs="+", default=[0, 256, 512, 1024])
     ap.add_argument("--context", type=int, default=700)
     args = ap.parse_args()
     args.repeats = args.repeats or (3 if args.part == "offline" else 1)
+    args.policies = args.policies or (["separate", "mixed, pieces", "mixed"] if args.part == "online"
+                                      else ["separate, eager prefill", "separate", "mixed"])
     with tempfile.TemporaryDirectory() as tmp:
         model = random_weights_checkpoint("qwen3-0.6b", tmp)
         record = {"online": online, "offline": offline, "cost": cost}[args.part](model, args)
