@@ -48,6 +48,16 @@ def set_policy(llm, policy: tuple[bool, bool, bool], chunk_cap: int | None = Non
     forward.full = forward.saved[1] if full else None
 
 
+def report(args, row: dict) -> None:
+    """Print one measurement and append it to `<json>.partial.jsonl`: a run cut off by a time limit keeps what it
+    measured (the record itself is written only at the end)."""
+    print(json.dumps(row), flush=True)
+    partial = Path(args.json + ".partial.jsonl")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    with partial.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def latency(run: dict) -> dict:
     """The numbers the issue asks for, in ms, from one rate's record."""
     ms = lambda stats, q: None if stats[q] is None else round(1e3 * stats[q], 2)
@@ -74,7 +84,7 @@ def online(model: str, args) -> dict:
                     offset += 1
                     run = run_rate(llm, fresh_prompts(workload, offset, llm.config.hf_config.vocab_size), rate)
                     runs.append({"policy": name, "repeat": repeat} | latency(run))
-                    print(json.dumps(runs[-1]), flush=True)
+                    report(args, runs[-1])
         for repeat in range(args.repeats):
             for name in args.policies:
                 set_policy(llm, POLICIES[name])
@@ -83,14 +93,14 @@ def online(model: str, args) -> dict:
                 stall = {"prefill_ms": round(1e3 * summary["prefill_s"], 2),
                          "median_gap_ms": round(1e3 * summary["median_gap_s"], 2),
                          "largest_gap_ms": round(1e3 * max(b - a for a, b in summary["largest_gaps"]), 2)}
-                print(name, "stall", stall, flush=True)
+                report(args, {"policy": name, "repeat": repeat, "stall": stall})
                 stalls.setdefault(name, []).append(stall | ({"timeline": timeline} if repeat == 0 else {}))
         for cap in args.caps:
             set_policy(llm, POLICIES["mixed"], cap)
             offset += 1
             run = run_rate(llm, fresh_prompts(workload, offset, llm.config.hf_config.vocab_size), args.sweep_rate)
             sweep.append({"chunk_cap": cap} | latency(run))
-            print(json.dumps(sweep[-1]), flush=True)
+            report(args, sweep[-1])
         config = {"long_prefill_token_threshold": llm.config.long_prefill_token_threshold,
                   "max_num_batched_tokens": llm.config.max_num_batched_tokens}
     return {"workload": workload.describe(), "engine": config, "runs": runs, "stall": stalls, "cap_sweep": sweep}
@@ -107,7 +117,7 @@ def offline(model: str, args) -> dict:
             seconds, _, steps = time_generate(llm, workload)
             runs.append({"policy": name, "repeat": repeat, "seconds": round(seconds, 3),
                          "tok_s": round(workload.total_tokens / seconds), **steps})
-            print(json.dumps(runs[-1]), flush=True)
+            report(args, runs[-1])
     medians = {name: statistics.median(r["tok_s"] for r in runs if r["policy"] == name) for name in args.policies}
     return {"total_tokens": workload.total_tokens, "runs": runs, "median_tok_s": medians}
 
@@ -186,7 +196,7 @@ def cost(model: str, args) -> dict:
                 eager_hidden, full_hidden = forward(), full.run(step)
                 row["full_max_abs_diff"] = (eager_hidden.float() - full_hidden.float()).abs().max().item()
             rows.append(row)
-            print(json.dumps(rows[-1]), flush=True)
+            report(args, rows[-1])
     return {"steps": rows}
 
 
