@@ -235,12 +235,15 @@ def check_mixed_step(sched, decoding_before, seqs, is_prefill):
     assert all(s.status == SequenceStatus.RUNNING and s.block_table for s in seqs)
     n = num_decode_rows(seqs)  # the runner's split (notebook 07)
     decodes, chunks = seqs[:n], seqs[n:]
-    assert all(id(s) in decoding_before for s in decodes)
+    # the scheduled decodes lead; after them the runner may count a readmitted sequence whose cached prefix
+    # covers all but its last token (the same computation)
+    scheduled = [s for s in decodes if id(s) in decoding_before]
+    assert decodes[:len(scheduled)] == scheduled
     # a sequence with a token being sampled must be a decode row (async scheduling fills only those on the
     # device); a prompt whose one last token remains may lead the chunks
     assert not any(id(s) in decoding_before and s.num_completion_tokens for s in chunks), "a decode row after a chunk"
     assert all(s.num_scheduled_tokens == 1 and s.num_computed_tokens == s.num_tokens - 1 for s in decodes)
-    lens = [s.num_tokens for s in decodes]
+    lens = [s.num_tokens for s in scheduled]
     assert lens == sorted(lens, reverse=True), "decode rows must come longest context first"
     # every running decode got its row, up to the limit
     one_token = [s for s in seqs if id(s) in decoding_before]
@@ -249,7 +252,7 @@ def check_mixed_step(sched, decoding_before, seqs, is_prefill):
     for s in chunks:
         assert 1 <= s.num_scheduled_tokens <= sched.chunk_cap, "a chunk over the cap"
         assert s.num_computed_tokens + s.num_scheduled_tokens <= s.num_tokens
-    assert is_prefill == any(id(s) not in decoding_before for s in chunks)
+    assert is_prefill == any(id(s) not in decoding_before for s in seqs)  # the scheduler's chunks: all but decodes
     for s in seqs:  # the blocks cover every token the step computes
         assert len(s.block_table) * s.block_size >= s.num_computed_tokens + s.num_scheduled_tokens
 
