@@ -6,6 +6,7 @@ greedy choices are near-ties that flip with rounding. These helpers spread the w
 and a wrong computation shows up as a large difference.
 """
 import math
+import signal
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,15 @@ def random_tokens(hf, T: int = 9, seed: int = 0) -> torch.Tensor:
 def hf(request):
     "A one-layer transformers Qwen3 of each layer shape (import it into a test module to use it)."
     return make_random_hf_qwen3(**request.param, num_layers=1, seed=1)
+
+
+@pytest.fixture
+def python_ctrl_c():
+    """Python's own Ctrl-C handler for the test (restored afterwards). The engine defers a Ctrl-C only under it
+    (`DeferredInterrupt`), and a child process inherits an ignored SIGINT; in a full local run of the suite
+    (tests, then every notebook) the Ctrl-C tests found another handler in place and failed."""
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, saved)

@@ -8,6 +8,7 @@ import textwrap
 import threading
 
 import pytest
+from helpers import python_ctrl_c  # noqa: F401  (a fixture, used by every test here)
 
 from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
@@ -26,6 +27,8 @@ UNGUARDED = textwrap.dedent("""
               kvcache_block_size=16)
     print(llm.generate(["Hello"], use_tqdm=False))
 """)
+
+pytestmark = pytest.mark.usefixtures("python_ctrl_c")
 
 
 def test_script_without_main_guard_is_told_what_to_add(tmp_path):

@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from helpers import python_ctrl_c  # noqa: F401  (a fixture, used by every test here)
 
 from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
@@ -18,6 +19,8 @@ from nanovllm_edu.engine.tp_worker import WorkerDiedError
 PROMPTS = ["Return the", "This module provides a class that", "Create a new"]
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
 SETTINGS = dict(max_num_seqs=16, num_kvcache_blocks=64, kvcache_block_size=16, device="cpu")
+
+pytestmark = pytest.mark.usefixtures("python_ctrl_c")
 
 
 def alive(pid: int) -> bool:
