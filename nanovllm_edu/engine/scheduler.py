@@ -119,8 +119,10 @@ def _schedule_decode(self: Scheduler) -> list[Sequence]:
             bm.may_append(seq)
             seq.num_scheduled_tokens = 1
             scheduled.append(seq)
-    # the step's rows go longest context first: the attention kernel then starts the longest rows' work first
-    return sorted(scheduled, key=lambda seq: seq.num_tokens, reverse=True)
+    # the step's rows go longest context first: the attention kernel then starts the longest rows' work first.
+    # A prompt whose one remaining token is its last (a mixed step's) goes after the true decodes: it computes
+    # like a decode but has no token being sampled, so the runner counts it as a chunk
+    return sorted(scheduled, key=lambda seq: (seq.num_completion_tokens == 0, -seq.num_tokens))
 
 # %% ../../notebooks/06_scheduler.ipynb #c4f8e381
 @patch
@@ -287,9 +289,7 @@ def _schedule_mixed(self: Scheduler) -> tuple[list[Sequence], bool]:
     token budget, prompts already part-way first, then new ones, each at most `chunk_cap` tokens. Returns
     the decodes then the chunks, and whether there are chunks."""
     num_preemptions = self.num_preemptions
-    # a prompt whose one remaining token is its last computes like a decode, but has no token being sampled:
-    # it goes after the true decodes (a stable sort keeps longest first), so the runner counts it as a chunk
-    decodes = sorted(self._schedule_decode(), key=lambda seq: seq.num_completion_tokens == 0)
+    decodes = self._schedule_decode()
     # a step that had to preempt admits no one (they would take the blocks just freed), unless nothing else runs
     admit = self.num_preemptions == num_preemptions or not decodes
     chunks = self._schedule_chunks(self.max_num_batched_tokens - len(decodes), admit)
