@@ -2,8 +2,9 @@
 
 # %% auto #0
 __all__ = ['MAX_CAPTURE_SIZE', 'PIECEWISE_TOKEN_SIZES', 'MAX_GRAPH_CHUNKS', 'FULL_GRAPH_TOKEN_SIZES', 'capture_sizes',
-           'CUDAGraphRunner', 'no_garbage_collection', 'PiecewiseGraphs', 'padded_step', 'FullStepGraphs',
-           'CUDAGraphForward', 'forward_step_counts', 'steps_between', 'graphed_forward', 'graph_runner']
+           'smallest_holding', 'CUDAGraphRunner', 'no_garbage_collection', 'PiecewiseGraphs', 'padded_step',
+           'FullStepGraphs', 'CUDAGraphForward', 'forward_step_counts', 'steps_between', 'graphed_forward',
+           'graph_runner']
 
 # %% ../../notebooks/13_cuda_graphs.ipynb #cd9c9b42
 import math
@@ -27,6 +28,11 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     candidates = [1, 2, 4, 8] + list(range(16, MAX_CAPTURE_SIZE + 1, 16))
     top = next((bs for bs in candidates if bs >= max_num_seqs), MAX_CAPTURE_SIZE)
     return [bs for bs in candidates if bs <= top]
+
+
+def smallest_holding(sizes: list[int], n: int) -> int | None:
+    """The smallest captured size (ascending `sizes`) that holds `n` rows, or None (no graph does)."""
+    return next((size for size in sizes if size >= n), None)
 
 # %% ../../notebooks/13_cuda_graphs.ipynb #f4f9a16b
 class CUDAGraphRunner:
@@ -95,7 +101,7 @@ def capture(self: CUDAGraphRunner) -> tuple[float, int]:
 @patch
 def padded_size(self: CUDAGraphRunner, batch_size: int) -> int | None:
     """The smallest captured size that holds the batch, or None (run eagerly)."""
-    return next((bs for bs in self.batch_sizes if bs >= batch_size), None)
+    return smallest_holding(self.batch_sizes, batch_size)
 
 
 @patch
@@ -137,7 +143,7 @@ class PiecewiseGraphs:
 
     def padded_size(self, num_tokens: int) -> int | None:
         """The smallest captured token count that holds the step, or None (run eagerly)."""
-        return next((size for size in self.token_sizes if size >= num_tokens), None)
+        return smallest_holding(self.token_sizes, num_tokens)
 
 # %% ../../notebooks/13_cuda_graphs.ipynb #piecewise-capture-code
 @patch
@@ -270,7 +276,7 @@ class FullStepGraphs:
         """The smallest captured size that holds the step, or None (it does not fit a full graph)."""
         if step.block_tables is None or step.cu_seqlens_q.numel() - 1 > MAX_GRAPH_CHUNKS:
             return None
-        return next((size for size in self.token_sizes if size >= step.input_ids.shape[0]), None)
+        return smallest_holding(self.token_sizes, step.input_ids.shape[0])
 
 # %% ../../notebooks/13_cuda_graphs.ipynb #full-graphs-run-code
 @patch
