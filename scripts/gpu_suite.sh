@@ -5,8 +5,8 @@
 # when $OUT is set (the device tool's folder, which takes back only a few files) they are also packed into
 # $OUT/gpu_suite.tgz, with the summary in $OUT/summary.txt.
 #
-#   bash scripts/gpu_suite.sh [tests] [notebooks] [bench] [sync] [eager] [tp] [graphs] [kernels] [online] [mixed]
-#   (no argument: all but online and mixed)
+#   bash scripts/gpu_suite.sh [tests] [notebooks] [bench] [sync] [eager] [tp] [graphs] [kernels] [online] [mixed] [sweeps]
+#   (no argument: all but online, mixed and sweeps)
 #   NOTEBOOKS="notebooks/16_benchmark.ipynb" bash scripts/gpu_suite.sh notebooks                (some notebooks)
 #
 # Uses the machine's own python3 (torch, triton, transformers, safetensors, xxhash, tqdm, matplotlib); the
@@ -76,6 +76,13 @@ for stage in "${stages[@]}"; do
         limit_var="MIXED_${part^^}_LIMIT_S"
         PYTHONFAULTHANDLER=1 timeout -s ABRT "${!limit_var:-300}" python3 scripts/mixed_steps_bench.py $part \
           --json "$RESULTS/mixed_$part.json" ${MIXED_ARGS:-} 2>&1 | tee "$RESULTS/mixed_$part.log" || status=1
+      done ;;
+    sweeps)
+      # the tile sweeps behind notebook 14's fused gate and notebook 11's decode tiles, and the prefill profile
+      for job in "sweep_gemm.py --json $RESULTS/sweep_gemm.json" "sweep_attention.py --json $RESULTS/sweep_attention.json" \
+                 "profile_prefill.py --json $RESULTS/profile_prefill.json"; do
+        echo "=== $job" | tee -a "$RESULTS/sweeps.log"
+        timeout -s ABRT 400 python3 scripts/$job 2>&1 | tee -a "$RESULTS/sweeps.log" || status=1
       done ;;
     graphs)
       timeout 300 python3 scripts/measure_cuda_graphs.py --json "$RESULTS/cuda_graphs.json" 2>&1 | tee "$RESULTS/graphs.log" || status=1 ;;

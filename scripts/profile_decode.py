@@ -50,7 +50,7 @@ SMOKE = {"batch": 4, "context": 40, "steps": 2, "timed_steps": 2}
 # category rules, first match wins (lower-cased substrings of the kernel name); the sampling part is "sampler"
 CATEGORY_RULES = (
     ("memcpy/memset", ("memcpy", "memset")),
-    ("attention", ("decode", "attn", "attention", "paged", "flash", "fmha")),
+    ("attention", ("decode", "prefill", "attn", "attention", "paged", "flash", "fmha")),
     ("gemm", ("gemm", "cutlass", "sm90", "nvjet", "cublas", "matmul", "xmma",
               "aten::mm", "aten::addmm", "aten::bmm")),  # the last three: CPU operators (--smoke)
 )
