@@ -1,0 +1,122 @@
+"""Notebook 14, second case study: the decode GEMM (kernels/skinny_gemm.py) against torch, on a CPU through Triton's
+interpreter at small sizes and on a GPU (`-m gpu`) at Qwen3-0.6B's shapes; the fused gate's registration."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nanovllm_edu.kernels.skinny_gemm import GATED_TILES, skinny_gemm, triton_gate_up
+from nanovllm_edu.layers import activation
+from nanovllm_edu.layers.activation import fused_gate_up, silu_and_mul
+from nanovllm_edu.layers.linear import MergedLinear
+from nanovllm_edu.models.qwen3 import Qwen3MLP
+
+from helpers import random_qwen3_config
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, gated: bool) -> torch.Tensor:
+    out = x.double() @ w.double().T
+    if gated:
+        half = out.shape[1] // 2
+        out = F.silu(out[:, :half]) * out[:, half:]
+    return out
+
+
+def torch_path(x: torch.Tensor, w: torch.Tensor, gated: bool) -> torch.Tensor:
+    return silu_and_mul(x @ w.T) if gated else x @ w.T
+
+
+def error(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, gated: bool) -> float:
+    return (out.double() - reference(x, w, gated)).abs().max().item()
+
+
+def operands(m: int, n_rows: int, k: int, dtype: torch.dtype, device: str = "cpu", seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(dtype).to(device)
+    w = (torch.randn(n_rows, k, generator=gen) / k**0.5).to(dtype).to(device)
+    return x, w
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m, n, k, splits, gated", [(1, 64, 128, 1, False), (5, 64, 256, 2, False),
+                                                     (20, 32, 256, 4, False), (3, 32, 128, 1, True),
+                                                     (17, 64, 128, 1, True)])
+def test_skinny_gemm_is_as_accurate_as_torch(dtype, m, n, k, splits, gated):
+    x, w = operands(m, 2 * n if gated else n, k, dtype)
+    out = skinny_gemm(x, w, gated=gated, block_n=32, block_k=64, splits=splits)
+    assert out.shape == (m, n) and out.dtype == dtype
+    bar = max(error(torch_path(x, w, gated), x, w, gated), 1e-6)  # float32: both near 0
+    assert error(out, x, w, gated) <= 1.5 * bar
+
+
+def test_split_k_sums_in_a_fixed_order():
+    x, w = operands(7, 64, 512, torch.bfloat16)
+    first = skinny_gemm(x, w, block_n=32, block_k=64, splits=8)
+    assert torch.equal(first, skinny_gemm(x, w, block_n=32, block_k=64, splits=8))
+    # a different split is a different float32 summation, still within the bar
+    assert error(skinny_gemm(x, w, block_n=32, block_k=64, splits=2), x, w, False) <= \
+        1.5 * error(x @ w.T, x, w, False)
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(block_n=48), "multiple of block_n=48"),
+                                           (dict(splits=3), "splits \\* block_k"),
+                                           (dict(gated=True, splits=2), "gated=True needs splits=1")])
+def test_bad_tiles_are_refused_before_any_launch(kwargs, match):
+    x, w = operands(4, 64, 128, torch.float32)
+    with pytest.raises(ValueError, match=match):
+        skinny_gemm(x, w, block_k=64, **kwargs)
+
+
+def test_noncontiguous_rows_are_refused():
+    x, w = operands(4, 64, 128, torch.float32)
+    with pytest.raises(ValueError, match="contiguous rows"):
+        skinny_gemm(x.T.contiguous().T, w, block_k=64)
+
+
+def test_triton_gate_up_declines_what_it_does_not_serve():
+    layer = MergedLinear(128, [64, 64]).to(torch.bfloat16)
+    x = torch.randn(4, 128).to(torch.bfloat16)
+    assert triton_gate_up(x, layer) is None  # a CPU tensor: the MLP runs cuBLAS's stand-in, then the gate
+    assert GATED_TILES[-1][0] == 256 and [t[0] for t in GATED_TILES] == sorted(t[0] for t in GATED_TILES)
+
+
+def test_the_mlp_asks_registered_kernels_first(monkeypatch):
+    config = random_qwen3_config()
+    mlp = Qwen3MLP(config)
+    torch.nn.init.normal_(mlp.gate_up_proj.weight, std=0.05)
+    torch.nn.init.normal_(mlp.down_proj.weight, std=0.05)
+    x = torch.randn(3, config.hidden_size)
+    two_steps = mlp(x)
+    calls = []
+
+    def declines(x, layer):
+        calls.append("declined")
+        return None
+
+    def fused(x, layer):  # the fused kernel's contract, here computed by the interpreter
+        calls.append("fused")
+        return skinny_gemm(x, layer.weight, gated=True, block_n=16, block_k=16)
+
+    monkeypatch.setattr(activation, "FUSED_GATE_UP", [declines, fused])
+    assert fused_gate_up(x, mlp.gate_up_proj) is not None and calls == ["declined", "fused"]
+    torch.testing.assert_close(mlp(x), two_steps, rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(activation, "FUSED_GATE_UP", [declines])
+    torch.testing.assert_close(mlp(x), two_steps, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 16, 48, 128, 200, 256])
+def test_fused_gate_on_qwen3_shapes_on_the_gpu(m):
+    layer = MergedLinear(1024, [3072, 3072]).to("cuda", torch.bfloat16)
+    layer.weight.data = operands(1, 6144, 1024, torch.bfloat16, "cuda")[1]
+    x = operands(m, 1, 1024, torch.bfloat16, "cuda", seed=1)[0]
+    fused = triton_gate_up(x, layer)
+    assert fused is not None and fused.shape == (m, 3072)
+    assert error(fused, x, layer.weight, True) <= 1.5 * error(silu_and_mul(layer(x)), x, layer.weight, True)
+    graph, static_x = torch.cuda.CUDAGraph(), x.clone()
+    with torch.cuda.graph(graph):
+        static_out = triton_gate_up(static_x, layer)
+    static_x.copy_(x * 2)
+    graph.replay()
+    assert torch.equal(static_out, triton_gate_up(x * 2, layer))
+    assert triton_gate_up(torch.randn(257, 1024, device="cuda", dtype=torch.bfloat16), layer) is None
