@@ -737,6 +737,54 @@ def tp_processes() -> Figure:
     return fig
 
 
+# --- 14: the decode GEMM with the gate fused, and K split -----------------------------------------------------
+
+def decode_gemm() -> Figure:
+    """One program of the fused gate GEMM (gate and up rows N apart, two accumulators), and K split in parts."""
+    fig, ax = canvas(12, 5.6, 120, 56, ymin=1)
+    title(ax, 60, 54, "A decode GEMM: one program per output tile, the gate fused; K split when N has few tiles",
+          "x [M, K] has few rows (a decode batch) and stays in the L2; w streams from memory once")
+    # left: the gated program
+    box(ax, 9, 40, 28, 4, "x  [M, K]   (M <= 256 rows)", fc=GREY, size=7.5)
+    box(ax, 9, 20, 28, 17, "", fc="white")
+    box(ax, 9, 29, 28, 8, "", fc=BLUE)
+    ax.text(23, 35, "gate rows 0 .. N-1", fontsize=7.5, ha="center", va="center")
+    box(ax, 9, 20, 28, 8, "", fc=ORANGE)
+    ax.text(23, 26, "up rows N .. 2N-1", fontsize=7.5, ha="center", va="center")
+    ax.text(7.5, 28.5, "w\n[2N, K]", fontsize=8, ha="right", va="center")
+    for y0, fc in ((30.5, "#3182bd"), (21.5, "#e6550d")):  # the program's BLOCK_N rows in each half
+        box(ax, 9, y0, 28, 1.6, "", fc=fc, ec=fc)
+        ax.text(36.5, y0 + 0.8, "BLOCK_N", fontsize=6.5, ha="right", va="center", color="white")
+    for k in range(1, 5):
+        ax.plot([9 + 5.6 * k] * 2, [20, 37], color=NOTE, lw=0.5, ls=":")
+    ax.text(23, 17.5, "the loop walks K in BLOCK_K steps (dotted); each step loads\nBLOCK_N gate rows and the same "
+                      "BLOCK_N up rows (N apart)", fontsize=7, color=NOTE, ha="center", va="center")
+    box(ax, 41, 30, 18, 5, "acc  = x gate_tile.T", fc=BLUE, size=7.5, rounded=True)
+    box(ax, 41, 22, 18, 5, "acc_up = x up_tile.T", fc=ORANGE, size=7.5, rounded=True)
+    arrow(ax, (37, 31.3), (41, 32.5), color=NOTE, lw=0.8)
+    arrow(ax, (37, 22.3), (41, 24.5), color=NOTE, lw=0.8)
+    box(ax, 41, 9, 18, 6, "silu(acc) * acc_up\nrounded once", fc=GREEN, size=7.5, rounded=True)
+    arrow(ax, (50, 22), (50, 15), color=NOTE, lw=0.8)
+    box(ax, 41, 2.5, 18, 4, "out [M, N]: one tile", fc="white", size=7.5)
+    arrow(ax, (50, 9), (50, 6.5), color=NOTE, lw=0.8)
+    ax.text(23, 9, "no [M, 2N] intermediate,\nno separate gate kernel", fontsize=7.5, ha="center", va="center",
+            color=RED)
+    # right: split K
+    ax.text(90, 45, "o_proj, down_proj: N = 1,024 columns, few tiles: split K", fontsize=8.5, ha="center",
+            fontweight="bold")
+    for s in range(4):
+        x = 67 + s * 12.5
+        box(ax, x, 35, 11, 5, f"K part {s}", fc=OWNER_COLOURS[s], size=7.5)
+        box(ax, x, 24, 11, 6, f"program\n(tile, split {s})", fc=OWNER_COLOURS[s], size=7, rounded=True)
+        arrow(ax, (x + 5.5, 35), (x + 5.5, 30), color=NOTE, lw=0.8)
+        box(ax, x, 14, 11, 5, f"partial {s}\nfloat32", fc="white", size=7)
+        arrow(ax, (x + 5.5, 24), (x + 5.5, 19), color=NOTE, lw=0.8)
+        arrow(ax, (x + 5.5, 14), (91.5, 9.5), color=RED, lw=0.9)
+    box(ax, 74, 5, 35, 4.5, "_split_sum_kernel: 0 + 1 + 2 + 3, in order", fc=GREY, size=7.5, weight="bold")
+    ax.text(91.5, 2.5, "a fixed order, no atomics: the same bits every run", fontsize=7, ha="center", color=NOTE)
+    return fig
+
+
 DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawing, the lesson that shows it)
     "course_map": (course_map, "00_setup"),
     "architecture": (architecture, "08_engine_core"),
@@ -749,6 +797,7 @@ DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawi
     "decode_grid": (decode_grid, "11_triton_attention"),
     "async_timeline": (async_timeline, "12_async_scheduling"),
     "cuda_graph_buffers": (cuda_graph_buffers, "13_cuda_graphs"),
+    "decode_gemm": (decode_gemm, "14_triton_sampler"),
     "tp_split": (tp_split, "15_tensor_parallel"),
     "tp_processes": (tp_processes, "15_tensor_parallel"),
 }
