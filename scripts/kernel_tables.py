@@ -259,15 +259,22 @@ def weight_copies(n: int, k: int, device: torch.device, l2_defeat_bytes: int) ->
     return [weight] + [weight.clone() for _ in range(count - 1)]
 
 
-def time_gemm(x: torch.Tensor, weights: list[torch.Tensor], timer: Timer) -> dict[str, float]:
-    """F.linear(x, w) alone under do_bench, and per call in a graph cycling over the weight copies."""
+def cycled_graph_us(gemm: Callable[[torch.Tensor, torch.Tensor], object], x: torch.Tensor,
+                    weights: list[torch.Tensor], timer: Timer) -> float:
+    """Microseconds per call of gemm(x, w) in a CUDA graph of back-to-back calls cycling over the weight copies
+    (so every call reads its weights from memory, as a decode step's layers do)."""
     calls = len(weights) * math.ceil(timer.min_graph_calls / len(weights))
 
     def back_to_back() -> None:
         for i in range(calls):
-            F.linear(x, weights[i % len(weights)])
+            gemm(x, weights[i % len(weights)])
+    return timer.graph_us(back_to_back, calls)
+
+
+def time_gemm(x: torch.Tensor, weights: list[torch.Tensor], timer: Timer) -> dict[str, float]:
+    """F.linear(x, w) alone under do_bench, and per call in a graph cycling over the weight copies."""
     return {"do_bench": timer.flushed_us(lambda: F.linear(x, weights[0])),
-            "graph": timer.graph_us(back_to_back, calls)}
+            "graph": cycled_graph_us(F.linear, x, weights, timer)}
 
 
 def gemm_rows(shape: ModelShape, ms: tuple[int, ...], timer: Timer, rates: Rates,
@@ -399,10 +406,23 @@ def seed_decode_steps(sizes: Sizes) -> list[tuple[int, list[int]]]:
     return steps
 
 
-def decode_step_rows(shape: ModelShape, sizes: Sizes, timer: Timer, device: torch.device) -> list[dict]:
-    """paged_decode on each sampled decode step as a CUDA graph replays it: the batch padded to the captured
-    size with empty rows, block tables max_model_len wide; rows in arrival order and longest first, the split
-    count from shapes or forced (STEP_SPLITS)."""
+ORDERS = ("arrival", "longest first")  # a decode step's rows as requests arrived, and as the scheduler hands them
+
+
+@dataclass
+class DecodeBatch:
+    """One sampled decode step of the seed workload laid out as a CUDA graph replays it."""
+    step: int
+    lens: list[int]  # the running rows' context lengths, in arrival order
+    padded: int  # the captured graph size that holds them (padding rows are empty)
+    max_context: int  # the block tables' width in tokens (max_model_len)
+    args: dict[str, tuple]  # order -> paged_decode's (q, k_cache, v_cache, block_tables, context_lens)
+
+
+def seed_decode_batches(shape: ModelShape, sizes: Sizes, device: torch.device,
+                        orders: tuple[str, ...] = ORDERS) -> Iterator[DecodeBatch]:
+    """Every step_stride-th decode step of the seed workload, its rows in each of `orders`, padded to the captured
+    size with empty rows, block tables max_model_len wide, all drawing blocks from one shuffled pool."""
     block_size = Config.kvcache_block_size
     width = math.ceil(sizes.max_model_len / block_size)
     steps = seed_decode_steps(sizes)
@@ -410,22 +430,32 @@ def decode_step_rows(shape: ModelShape, sizes: Sizes, timer: Timer, device: torc
     num_blocks = max(sum(math.ceil(n / block_size) for n in lens) for _, lens in steps)
     k_cache, v_cache = kv_pool(num_blocks, block_size, shape, device)
     generator = torch.Generator().manual_seed(SEED)
-    rows = []
     for step, lens in steps:
         padded = next(bs for bs in graph_sizes if bs >= len(lens))
-        for order, ordered in (("arrival", lens), ("longest first", sorted(lens, reverse=True))):
+        args = {}
+        for order in orders:
+            ordered = lens if order == "arrival" else sorted(lens, reverse=True)
             rows_lens = ordered + [0] * (padded - len(lens))  # the graph's padding rows: empty
             tables = shuffled_block_tables(rows_lens, width, block_size, num_blocks, generator, device)
             context_lens = torch.tensor(rows_lens, dtype=torch.int32, device=device)
             q = torch.randn(padded, shape.num_heads, shape.head_dim, dtype=torch.bfloat16, device=device)
+            args[order] = (q, k_cache, v_cache, tables, context_lens)
+        yield DecodeBatch(step, lens, padded, width * block_size, args)
+
+
+def decode_step_rows(shape: ModelShape, sizes: Sizes, timer: Timer, device: torch.device) -> list[dict]:
+    """paged_decode on each sampled decode step as a CUDA graph replays it (`seed_decode_batches`): rows in
+    arrival order and longest first, the split count from shapes or forced (STEP_SPLITS)."""
+    rows = []
+    for batch in seed_decode_batches(shape, sizes, device):
+        for order, args in batch.args.items():
             for forced in STEP_SPLITS if order == "longest first" else (None,):
-                decode = functools.partial(paged_decode, q, k_cache, v_cache, tables, context_lens,
-                                           shape.head_dim ** -0.5, num_splits=forced)
-                rows.append({"step": step, "batch": len(lens), "padded": padded, "order": order,
+                decode = functools.partial(paged_decode, *args, shape.head_dim ** -0.5, num_splits=forced)
+                rows.append({"step": batch.step, "batch": len(batch.lens), "padded": batch.padded, "order": order,
                              "forced": forced is not None,
-                             "num_splits": split_count(forced, padded, width * block_size, shape, device),
-                             "kv_bytes": layer_kv_bytes(lens, shape), "graph_us": timer.replayed_flushed_us(decode)})
-        print(f"decode step {step}: batch {len(lens)} done", flush=True)
+                             "num_splits": split_count(forced, batch.padded, batch.max_context, shape, device),
+                             "kv_bytes": layer_kv_bytes(batch.lens, shape), "graph_us": timer.replayed_flushed_us(decode)})
+        print(f"decode step {batch.step}: batch {len(batch.lens)} done", flush=True)
     return rows
 
 

@@ -28,7 +28,6 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from nanovllm_edu.config import Config  # noqa: E402
-from nanovllm_edu.engine.cuda_graph import capture_sizes  # noqa: E402
 from nanovllm_edu.kernels.paged_attention import (MAX_SPLITS, SHORT_TILES_FROM, decode_num_splits, paged_decode,
                                                  varlen_prefill)  # noqa: E402
 
@@ -43,36 +42,26 @@ TOKEN_BUDGET = 16384
 
 def decode_sweep(shape, timer, rates, stride: int) -> dict:
     sizes = dataclasses.replace(kt.FULL, step_stride=stride)
-    device, block_size = torch.device("cuda"), Config.kvcache_block_size
-    width = math.ceil(sizes.max_model_len / block_size)
-    steps = kt.seed_decode_steps(sizes)
-    graph_sizes = capture_sizes(sizes.steps_workload[0])
-    num_blocks = max(sum(math.ceil(n / block_size) for n in lens) for _, lens in steps)
-    k_cache, v_cache = kt.kv_pool(num_blocks, block_size, shape, device)
-    generator = torch.Generator().manual_seed(kt.SEED)
+    device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     totals, floor, rows = {}, 0.0, []
-    for step, lens in steps:
-        padded = next(bs for bs in graph_sizes if bs >= len(lens))
-        rows_lens = sorted(lens, reverse=True) + [0] * (padded - len(lens))
-        tables = kt.shuffled_block_tables(rows_lens, width, block_size, num_blocks, generator, device)
-        context_lens = torch.tensor(rows_lens, dtype=torch.int32, device=device)
-        q = torch.randn(padded, shape.num_heads, shape.head_dim, dtype=torch.bfloat16, device=device)
-        floor += kt.layer_kv_bytes(lens, shape) / rates.copy_bandwidth
-        base = decode_num_splits(padded, shape.num_kv_heads, width * block_size, sms)
+    for batch in kt.seed_decode_batches(shape, sizes, device, orders=("longest first",)):
+        floor += kt.layer_kv_bytes(batch.lens, shape) / rates.copy_bandwidth
+        base = decode_num_splits(batch.padded, shape.num_kv_heads, batch.max_context, sms)
         for cfg, scale in itertools.product(DECODE_CONFIGS, SPLIT_SCALES):
             splits = max(1, min(MAX_SPLITS, round(base * scale)))
-            fn = functools.partial(paged_decode, q, k_cache, v_cache, tables, context_lens,
-                                   shape.head_dim ** -0.5, num_splits=splits, **cfg)
+            fn = functools.partial(paged_decode, *batch.args["longest first"], shape.head_dim ** -0.5,
+                                   num_splits=splits, **cfg)
             name = f"block_n={cfg['block_n']} warps={cfg['num_warps']} stages={cfg['num_stages']} splits x{scale}"
             us = timer.replayed_flushed_us(fn)
             totals[name] = totals.get(name, 0.0) + us / 1e6
-            rows.append({"step": step, "batch": len(lens), "padded": padded, "num_splits": splits, **cfg,
-                         "split_scale": scale, "graph_us": us})
-        print(f"decode step {step}: batch {len(lens)} done", flush=True)
+            rows.append({"step": batch.step, "batch": len(batch.lens), "padded": batch.padded, "num_splits": splits,
+                         **cfg, "split_scale": scale, "graph_us": us})
+        print(f"decode step {batch.step}: batch {len(batch.lens)} done", flush=True)
+    steps = len({row["step"] for row in rows})
     factor = stride * shape.num_layers
     seconds = {name: s * factor for name, s in sorted(totals.items(), key=lambda kv: kv[1])}
-    record = {"seconds": seconds, "floor_seconds": floor * factor, "steps": len(steps), "step_stride": stride,
+    record = {"seconds": seconds, "floor_seconds": floor * factor, "steps": steps, "step_stride": stride,
               "num_layers": shape.num_layers, "num_kv_heads": shape.num_kv_heads, "num_sms": sms, "rows": rows}
     record["rules"] = rule_seconds(record)
     return record

@@ -31,10 +31,13 @@ SMEM_BYTES = 200 * 1024  # shared memory the pipeline stages may use (the H200 a
 
 
 def gemm_shapes(shape) -> dict[str, tuple[int, int, bool]]:
-    """(output columns N, K, gated) of the four decode GEMMs of a decoder layer."""
-    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    return {"qkv": (q + 2 * kv, shape.hidden, False), "o": (shape.hidden, q, False),
-            "gate_up": (shape.intermediate, shape.hidden, True), "down": (shape.hidden, shape.intermediate, False)}
+    """(output columns N, K, gated) of the four decode GEMMs of a decoder layer (kernel_tables' shapes; gate_up
+    with its gate fused writes half its weight's rows)."""
+    out = {}
+    for name in ("qkv", "o", "gate_up", "down"):
+        n, k = kt.decode_gemm_shapes(shape)[name]
+        out[name] = (n // 2, k, True) if name == "gate_up" else (n, k, False)
+    return out
 
 
 def configs(m: int, n: int, k: int, gated: bool) -> list[dict]:
@@ -57,9 +60,7 @@ def configs(m: int, n: int, k: int, gated: bool) -> list[dict]:
 def reference_error(x: torch.Tensor, w: torch.Tensor, gated: bool, fn) -> float:
     """Max |fn(x, w) - float32 reference| over the output."""
     ref = x.float() @ w.float().T
-    if gated:
-        half = ref.shape[1] // 2
-        ref = F.silu(ref[:, :half]) * ref[:, half:]
+    ref = silu_and_mul(ref) if gated else ref
     return (fn(x, w).float() - ref).abs().max().item()
 
 
@@ -100,14 +101,13 @@ def main() -> None:
             break
         n, k, gated = gemm_shapes(shape)[name]
         weights = kt.weight_copies(n * (2 if gated else 1), k, device, timer.l2_defeat_bytes)
-        calls = len(weights) * -(-timer.min_graph_calls // len(weights))
         xs = {m: torch.randn(m, k, dtype=torch.bfloat16, device=device) for m in ms}
         precompile([(xs[m], weights[0], gated, c) for m in ms for c in configs(m, n, k, gated)])
         for m in ms:
             x = xs[m]
 
             def timed(fn) -> float:
-                return timer.graph_us(lambda: [fn(x, weights[i % len(weights)]) for i in range(calls)], calls)
+                return kt.cycled_graph_us(fn, x, weights, timer)
 
             floor = kt.gemm_floor(m, n * (2 if gated else 1), k, rates)["floor_us"]
             base = {"gemm": name, "M": m, "N": n, "K": k, "gated": gated, "floor_us": floor,
