@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .report import LabReport, run_checks
+from ..layers.activation import silu_and_mul
 
 ROWS = (1, 5, 17, 33)  # row counts that are not multiples of a 16-row tile
 TOL = 1e-4  # float32 operands: only the order of the sums differs from torch's
@@ -27,11 +28,6 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
     return got.shape == want.shape and bool(((got - want).abs() <= TOL * (1 + want.abs())).all())
 
 
-def _gated_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    gate, up = (x @ w.T).chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
 def _gg_plain(gemm: Callable) -> None:
     for m in ROWS:
         x, w = _operands(m, 64, 128, seed=m)
@@ -42,10 +38,11 @@ def _gg_plain(gemm: Callable) -> None:
 
 def _gg_gated(gemm: Callable) -> None:
     x, w = _operands(7, 128, 128, seed=3)
-    out, want = gemm(x, w, gated=True), _gated_reference(x, w)
+    gate_up = x @ w.T  # [gate | up] before the gate
+    gate, up = gate_up.chunk(2, dim=-1)
+    out, want = gemm(x, w, gated=True), silu_and_mul(gate_up)  # notebook 02's silu(gate) * up
     if not _close(out, want):
-        swapped = _gated_reference(x, torch.cat(w.chunk(2)[::-1]))
-        product = F.silu((x @ w.T).chunk(2, dim=-1)[0] * (x @ w.T).chunk(2, dim=-1)[1])
+        swapped, product = F.silu(up) * gate, F.silu(gate * up)
         why = ("it equals silu(up) * gate: the halves are swapped" if _close(out, swapped) else
                "it equals silu(gate * up): the gate must take gate alone" if _close(out, product) else
                f"max |diff| {(out - want).abs().max().item():.3g}" if out.shape == want.shape else
