@@ -45,6 +45,15 @@ bench() {  # bench NAME LABEL [extra flags...]: one benchmark run, its record in
   kill "$watchdog" 2>/dev/null
 }
 
+run_scripts() {  # run_scripts STAGE LIMIT_S "SCRIPT ARGS" ...: each of scripts/ in turn, logged to $RESULTS/STAGE.log
+  local stage=$1 limit=$2 job
+  shift 2
+  for job in "$@"; do
+    echo "=== $job" | tee -a "$RESULTS/$stage.log"
+    timeout -s ABRT "$limit" python3 scripts/$job 2>&1 | tee -a "$RESULTS/$stage.log" || status=1
+  done
+}
+
 for stage in "${stages[@]}"; do
   case "$stage" in
     tests)
@@ -79,20 +88,14 @@ for stage in "${stages[@]}"; do
       done ;;
     sweeps)
       # the tile sweeps behind notebook 14's fused gate and notebook 11's decode tiles, and the prefill profile
-      for job in "sweep_gemm.py --json $RESULTS/sweep_gemm.json" "sweep_attention.py --json $RESULTS/sweep_attention.json" \
-                 "profile_prefill.py --json $RESULTS/profile_prefill.json"; do
-        echo "=== $job" | tee -a "$RESULTS/sweeps.log"
-        timeout -s ABRT 400 python3 scripts/$job 2>&1 | tee -a "$RESULTS/sweeps.log" || status=1
-      done ;;
+      run_scripts sweeps 400 "sweep_gemm.py --json $RESULTS/sweep_gemm.json" \
+        "sweep_attention.py --json $RESULTS/sweep_attention.json" "profile_prefill.py --json $RESULTS/profile_prefill.json" ;;
     graphs)
       timeout 300 python3 scripts/measure_cuda_graphs.py --json "$RESULTS/cuda_graphs.json" 2>&1 | tee "$RESULTS/graphs.log" || status=1 ;;
     kernels)
       # the sampler, the decode GEMMs and attention against their floors, and one decode step kernel by kernel
-      for job in "measure_sampler.py --json $RESULTS/sampler.json" "kernel_tables.py --json-dir $RESULTS" \
-                 "profile_decode.py --json $RESULTS/profile_decode.json"; do
-        echo "=== $job" | tee -a "$RESULTS/kernels.log"
-        timeout -s ABRT 300 python3 scripts/$job 2>&1 | tee -a "$RESULTS/kernels.log" || status=1
-      done ;;
+      run_scripts kernels 300 "measure_sampler.py --json $RESULTS/sampler.json" "kernel_tables.py --json-dir $RESULTS" \
+        "profile_decode.py --json $RESULTS/profile_decode.json" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done
