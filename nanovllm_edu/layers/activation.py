@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..utils.device import fused_on_cuda
+from ..utils.device import first_kernel, fused_on_cuda
 
 
 @fused_on_cuda  # one kernel on a GPU instead of three (see notebook 00)
@@ -29,5 +29,5 @@ FUSED_GATE_UP = []  # kernels a later notebook registers (14: GEMM and gate in o
 
 
 def fused_gate_up(x: torch.Tensor, gate_up: nn.Module) -> torch.Tensor | None:
-    "silu(gate(x)) * up(x) by the first registered kernel that takes x (each returns None if not), else None."
-    return next((out for kernel in FUSED_GATE_UP if (out := kernel(x, gate_up)) is not None), None)
+    "silu(gate(x)) * up(x) by the first kernel of FUSED_GATE_UP that takes x, else None."
+    return first_kernel(FUSED_GATE_UP, x, gate_up)
