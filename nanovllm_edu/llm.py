@@ -10,7 +10,7 @@ from .engine.cuda_graph import graphed_forward
 from .engine.model_runner import ModelRunner, NoCarry
 from .engine.llm_engine import RequestFeatures
 from .engine.tp_worker import tensor_parallel_runner
-from .kernels import skinny_gemm  # noqa: F401  (registers the fused gate GEMM, notebook 14)
+from .kernels import pdl_chain  # noqa: F401  (registers notebook 14's decode kernels: fused gate, PDL chain)
 from .layers import triton_sampler  # noqa: F401  (registers the one-pass GPU sampler, notebook 14)
 from .layers.backends import flash_attn_backend, triton_backend  # noqa: F401  (notebook 11's backends)
 

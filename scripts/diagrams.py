@@ -785,6 +785,46 @@ def decode_gemm() -> Figure:
     return fig
 
 
+def pdl_chain() -> Figure:
+    """Kernels of one layer in a CUDA graph, launched in stream order and with programmatic dependent launch."""
+    fig, ax = canvas(12, 4.6, 120, 46)
+    title(ax, 60, 44, "Programmatic dependent launch: the next kernel is resident before the previous one ends",
+          "three kernels of a decode layer for a few rows; durations illustrative (a few us each, the gaps well "
+          "under one)")
+    k = 2.6  # drawing units per illustrative time unit
+    kernels = [("norm", 5, BLUE), ("qkv GEMM", 12, ORANGE), ("qk-norm + RoPE", 7, GREEN)]
+    gap, start_cost = 1.2, 1.5  # the launch gap, then the programs' start (scheduled, first operands loaded)
+    for name, y in (("stream order", 28), ("PDL", 9)):
+        ax.text(2, y + 6.5, name, fontsize=10, fontweight="bold")
+    t = 14.0
+    for name, work, fc in kernels:  # stream order: each kernel is launched when the previous one has finished
+        ax.add_patch(Rectangle((t, 28), gap * k, 4, fc="white", ec=RED, ls=":", lw=1))
+        box(ax, t + gap * k, 28, start_cost * k, 4, "", fc=GREY)
+        box(ax, t + (gap + start_cost) * k, 28, work * k, 4, name, fc=fc, size=7.5)
+        t += (gap + start_cost + work) * k
+    ax.text(t + 1, 30, f"{(t - 14) / k:.1f} units", fontsize=7.5, va="center")
+    ax.text(14, 25, "red dotted: launch gap (the previous kernel drains, the next is scheduled); grey: the programs "
+                    "start and load what does not depend on the previous kernel", fontsize=7, color=NOTE)
+    t = 14.0 + start_cost * k
+    box(ax, 14.0, 9, start_cost * k, 4, "", fc=GREY)
+    for i, (name, work, fc) in enumerate(kernels):  # PDL: each kernel is resident while the previous one runs
+        box(ax, t, 9, work * k, 4, name, fc=fc, size=7.5)
+        if i + 1 < len(kernels):
+            arrow(ax, (t + 0.6, 13.2), (t + 0.6, 16.0), color="#6a51a3", lw=0.9)
+            ax.text(t + 1.2, 15.2, "gdc_launch_dependents", fontsize=6.5, color="#6a51a3")
+            box(ax, t + 1.5, 3.5, start_cost * k, 4, "", fc=GREY)
+            ax.add_patch(Rectangle((t + 1.5 + start_cost * k, 3.5), work * k - 1.5 - start_cost * k, 4, fc="white",
+                                   ec="#6a51a3", ls="--", lw=0.8))
+            ax.text(t + 1.5 + start_cost * k + 1, 5.5, f"{kernels[i + 1][0]}: gdc_wait", fontsize=6.5, va="center",
+                    color="#6a51a3")
+        t += work * k
+    ax.text(t + 1, 11, f"{(t - 14) / k:.1f} units", fontsize=7.5, va="center")
+    ax.text(14, 0.8, "dashed: the next kernel's programs wait (griddepcontrol.wait) until the previous kernel's writes "
+                     "are visible; every kernel launched this way must wait before it reads and before it ends",
+            fontsize=7, color=NOTE)
+    return fig
+
+
 DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawing, the lesson that shows it)
     "course_map": (course_map, "00_setup"),
     "architecture": (architecture, "08_engine_core"),
@@ -798,6 +838,7 @@ DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawi
     "async_timeline": (async_timeline, "12_async_scheduling"),
     "cuda_graph_buffers": (cuda_graph_buffers, "13_cuda_graphs"),
     "decode_gemm": (decode_gemm, "14_triton_sampler"),
+    "pdl_chain": (pdl_chain, "14_triton_sampler"),
     "tp_split": (tp_split, "15_tensor_parallel"),
     "tp_processes": (tp_processes, "15_tensor_parallel"),
 }

@@ -1,5 +1,6 @@
 """The H200 sweeps' pure parts on a CPU: scripts/sweep_gemm.py's tile configurations fit the shapes and the shared
-memory, scripts/sweep_attention.py packs prompts as the scheduler does and sums tile rules from per-step rows."""
+memory, scripts/sweep_attention.py packs prompts as the scheduler does and sums tile rules from per-step rows,
+scripts/profile_pdl.py times the tiles the engine runs."""
 import importlib.util
 import sys
 from pathlib import Path
@@ -50,3 +51,20 @@ def test_rule_seconds_picks_short_tiles_only_on_a_full_gpu():
     assert seconds["32-token tiles, 2 warps everywhere"] == pytest.approx(40 * scale)
     assert seconds["64-token tiles, 4 warps everywhere"] == pytest.approx(40 * scale)
     assert seconds["paged_decode's rule: 32/2 on a full GPU, else 64/4"] == pytest.approx(30 * scale)
+
+
+profile_pdl = load("profile_pdl")
+
+
+def test_the_chains_tiles_are_the_sweeps_fastest_unsplit_ones():
+    """kernels/pdl_chain.py's PLAIN_TILES were read off figures/sweep_gemm_h200.json: scripts/profile_pdl.py picks the
+    same tiles from the record (so the script times what the engine runs), row count by row count."""
+    from nanovllm_edu.kernels.pdl_chain import PLAIN_TILES
+
+    tiles = profile_pdl.plain_tiles(profile_pdl.json.loads(profile_pdl.SWEEP.read_text()))
+    names = {(4096, 1024): "qkv", (1024, 2048): "o", (1024, 3072): "down"}
+    for shape, table in PLAIN_TILES.items():
+        for max_rows, *config in table:
+            for m in (max_rows // 2 + 1, max_rows):
+                picked = profile_pdl.tiles_for(tiles, names[shape], m)
+                assert [picked[k] for k in ("block_m", "block_n", "block_k", "num_warps", "num_stages")] == config

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..config import Config
-from ..kernels import skinny_gemm  # noqa: F401  (registers the fused gate GEMM in every rank, notebook 14)
+from ..kernels import pdl_chain  # noqa: F401  (registers notebook 14's decode kernels in every rank)
 from .model_runner import LocalRanks, ModelRunner
 from ..layers.parallel import TensorParallelLayers
 from ..utils.step_inputs import StepInputs

@@ -8,7 +8,7 @@ __all__ = ['GATED_TILES', 'skinny_gemm', 'triton_gate_up']
 import torch
 from torch import Tensor
 
-from ..utils.device import triton_interpreted  # importing it first sets TRITON_INTERPRET without CUDA
+from ..utils.device import register_kernel, triton_interpreted  # importing it first sets TRITON_INTERPRET without CUDA
 from ..layers.activation import FUSED_GATE_UP
 from .paged_attention import _dot, _dot_flags
 from .qk_norm_rope import _round_to
@@ -16,19 +16,30 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    """Under programmatic dependent launch (the third case study): wait until the previous kernel's writes are
+    visible, then let the next kernel's programs start (they, too, wait before reading what this one writes)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count of a tile size
 def _gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_om, stride_os, k_per_split,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-                 SPLIT: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
+                 SPLIT: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     """One program: a BLOCK_M x BLOCK_N tile of x @ w.T over one split of K. GATED: w holds [gate | up] (N rows
     each) and the tile is silu(x gate.T) * (x up.T). SPLIT: a float32 partial sum, stored in split pid_k's
-    slice of out (stride_os apart) for `_split_sum_kernel`."""
+    slice of out (stride_os apart) for `_split_sum_kernel`. PDL: launched early, it waits for the previous
+    kernel before reading x (the third case study)."""
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = pid_k * k_per_split + tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    _pdl_start(PDL)
     m_mask = offs_m[:, None] < M  # rows past M (the tile is padded to 16 at least) load zeros, store nothing
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -61,10 +72,12 @@ def _split_sum_kernel(part_ptr, out_ptr, numel, num_splits, BLOCK: tl.constexpr)
 
 
 def skinny_gemm(x: Tensor, w: Tensor, gated: bool = False, block_m: int | None = None, block_n: int = 64,
-                block_k: int = 128, splits: int = 1, num_warps: int = 4, num_stages: int = 4) -> Tensor:
+                block_k: int = 128, splits: int = 1, num_warps: int = 4, num_stages: int = 4,
+                pdl: bool = False) -> Tensor:
     """x [M, K] @ w[N, K].T -> [M, N] in x's dtype; with `gated` (w = [gate | up], 2N rows)
     silu(x @ gate.T) * (x @ up.T) -> [M, N]. `splits` > 1 splits K over programs whose float32 partial sums
-    a second kernel adds in a fixed order (no atomics). Tile sizes are arguments (`triton_gate_up` picks them)."""
+    a second kernel adds in a fixed order (no atomics). Tile sizes are arguments (`triton_gate_up` picks them).
+    `pdl`: launch with programmatic dependent launch (a Hopper GPU or newer; the third case study)."""
     m, k = x.shape
     n = w.shape[0] // 2 if gated else w.shape[0]
     block_m = block_m or max(16, triton.next_power_of_2(m))
@@ -81,7 +94,8 @@ def skinny_gemm(x: Tensor, w: Tensor, gated: bool = False, block_m: int | None =
     _gemm_kernel[(n // block_n, triton.cdiv(m, block_m), splits)](
         x, w, part, m, n, x.stride(0), w.stride(0), n, m * n, k // splits,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GATED=gated, SPLIT=splits > 1, PREC=prec,
-        UPCAST=upcast, num_warps=num_warps, num_stages=num_stages)
+        UPCAST=upcast, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
+        launch_pdl=pdl)
     if splits > 1:
         _split_sum_kernel[(triton.cdiv(m * n, 1024),)](part, out, m * n, splits, BLOCK=1024)
     return out
@@ -94,9 +108,10 @@ GATED_TILES = ((16, 16, 32, 128, 4, 5), (32, 32, 64, 128, 4, 5), (64, 64, 32, 12
                (128, 64, 64, 64, 4, 5), (256, 128, 64, 64, 8, 5))
 
 
-def triton_gate_up(x: Tensor, gate_up: torch.nn.Module) -> Tensor | None:
+def triton_gate_up(x: Tensor, gate_up: torch.nn.Module, pdl: bool = False) -> Tensor | None:
     """silu(gate(x)) * up(x) of a merged [gate | up] layer in one kernel, for a decode batch (at most 256 rows,
-    16-bit, on a GPU); None for any other input (the MLP then runs cuBLAS and `silu_and_mul`)."""
+    16-bit, on a GPU); None for any other input (the MLP then runs cuBLAS and `silu_and_mul`). `pdl`: as in
+    `skinny_gemm`."""
     m, w = x.shape[0], gate_up.weight
     if not (x.is_cuda and not triton_interpreted() and 0 < m <= GATED_TILES[-1][0] and gate_up.bias is None
             and x.dtype in (torch.bfloat16, torch.float16) and x.is_contiguous()):
@@ -105,7 +120,7 @@ def triton_gate_up(x: Tensor, gate_up: torch.nn.Module) -> Tensor | None:
     if (w.shape[0] // 2) % block_n or w.shape[1] % block_k:
         return None
     return skinny_gemm(x, w, gated=True, block_m=block_m, block_n=block_n, block_k=block_k,
-                       num_warps=num_warps, num_stages=num_stages)
+                       num_warps=num_warps, num_stages=num_stages, pdl=pdl)
 
 
-FUSED_GATE_UP.append(triton_gate_up)  # notebook 02's Qwen3MLP asks fused_gate_up first
+register_kernel(FUSED_GATE_UP, triton_gate_up)  # notebook 02's Qwen3MLP asks fused_gate_up first
