@@ -93,9 +93,11 @@ for stage in "${stages[@]}"; do
     graphs)
       timeout 300 python3 scripts/measure_cuda_graphs.py --json "$RESULTS/cuda_graphs.json" 2>&1 | tee "$RESULTS/graphs.log" || status=1 ;;
     kernels)
-      # the sampler, the decode GEMMs and attention against their floors, and one decode step kernel by kernel
+      # the sampler, the decode GEMMs and attention against their floors, one decode step kernel by kernel (at
+      # batch 256 and at batch 1), and notebook 14's PDL chain against the kernels it replaces
       run_scripts kernels 300 "measure_sampler.py --json $RESULTS/sampler.json" "kernel_tables.py --json-dir $RESULTS" \
-        "profile_decode.py --json $RESULTS/profile_decode.json" ;;
+        "profile_decode.py --json $RESULTS/profile_decode.json" "profile_decode.py --batch 1 --json $RESULTS/profile_decode_b1.json" \
+        "profile_pdl.py --json $RESULTS/pdl_chain.json" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done
