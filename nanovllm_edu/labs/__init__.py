@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['CHECKERS', 'Check', 'LabReport', 'run_checks', 'check_store_kvcache', 'check_block_manager', 'check_prefix_cache',
            'check_scheduler', 'check_sampler', 'check_penalties', 'check_attention_backend', 'check_decode_attention',
-           'check_skinny_gemm', 'check_async_scheduling', 'check_graph_replay', 'check_tp_shards']
+           'check_skinny_gemm', 'check_rms_norm', 'check_async_scheduling', 'check_graph_replay', 'check_tp_shards']
 
 # %% ../../notebooks/A1_labs.ipynb #8d6ca62f
 """Lab checkers for each stage of the engine, and the student edition of the course (`make-student`)."""
@@ -13,6 +13,7 @@ from .block_checks import check_block_manager, check_prefix_cache
 from .decode_attention_checks import check_decode_attention
 from .gemm_checks import check_skinny_gemm
 from .graph_checks import check_graph_replay
+from .norm_checks import check_rms_norm
 from .penalty_checks import check_penalties
 from .report import Check, LabReport, run_checks
 from .sampler_checks import check_sampler
@@ -22,7 +23,7 @@ from .tp_checks import check_tp_shards
 
 _all_ = ["Check", "LabReport", "run_checks", "check_store_kvcache", "check_block_manager", "check_prefix_cache",
          "check_scheduler", "check_sampler", "check_penalties", "check_attention_backend", "check_decode_attention",
-         "check_skinny_gemm", "check_async_scheduling", "check_graph_replay", "check_tp_shards"]  # nbdev adds these to __all__ (imports are not in it by default)
+         "check_skinny_gemm", "check_rms_norm", "check_async_scheduling", "check_graph_replay", "check_tp_shards"]  # nbdev adds these to __all__ (imports are not in it by default)
 
 CHECKERS = {  # tag name -> (checker, the object a solution cell defines for it by default)
     "store_kvcache": (check_store_kvcache, "store_kvcache_torch"),
@@ -34,6 +35,7 @@ CHECKERS = {  # tag name -> (checker, the object a solution cell defines for it 
     "attention_backend": (check_attention_backend, "TorchBackend"),
     "decode_attention": (check_decode_attention, "paged_decode"),
     "skinny_gemm": (check_skinny_gemm, "skinny_gemm"),
+    "rms_norm": (check_rms_norm, "rms_norm_triton"),
     "async_scheduling": (check_async_scheduling, "AsyncScheduler"),
     "graph_replay": (check_graph_replay, "CUDAGraphRunner"),
     "tp_shards": (check_tp_shards, "TensorParallelLayers"),
