@@ -69,6 +69,12 @@ def test_noncontiguous_rows_are_refused():
         skinny_gemm(x.T.contiguous().T, w, block_k=64)
 
 
+def test_a_weight_of_another_width_is_refused():
+    x, w = operands(4, 64, 128, torch.float32)
+    with pytest.raises(ValueError, match=r"K = x.shape\[1\] = 128, got w \(64, 256\)"):
+        skinny_gemm(x, torch.cat([w, w], dim=1), block_k=64)
+
+
 def test_triton_gate_up_declines_what_it_does_not_serve():
     layer = MergedLinear(128, [64, 64]).to(torch.bfloat16)
     x = torch.randn(4, 128).to(torch.bfloat16)

@@ -77,17 +77,19 @@ def pdl_rows(x: Tensor) -> bool:
 
 def pdl_linear(x: Tensor, layer: torch.nn.Module) -> Tensor | None:
     """x @ layer.weight.T by `skinny_gemm` under PDL, for the shapes PLAIN_TILES holds; None otherwise."""
-    tiles = next((t[1:] for t in PLAIN_TILES.get(tuple(layer.weight.shape), ()) if x.shape[0] <= t[0]), None)
-    if not pdl_rows(x) or layer.bias is not None or tiles is None:
-        return None
+    w = layer.weight
+    tiles = next((t[1:] for t in PLAIN_TILES.get(tuple(w.shape), ()) if x.shape[0] <= t[0]), None)
+    if not pdl_rows(x) or layer.bias is not None or tiles is None or w.dtype != x.dtype or x.shape[1] != w.shape[1]:
+        return None  # (a wrong width is left to F.linear, which names it)
     block_m, block_n, block_k, num_warps, num_stages = tiles
-    return skinny_gemm(x, layer.weight, block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
+    return skinny_gemm(x, w, block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
                        num_stages=num_stages, pdl=True)
 
 
 def pdl_rms_norm(x: Tensor, residual: Tensor | None, norm: torch.nn.Module) -> Tensor | tuple[Tensor, Tensor] | None:
     """`norm(x, residual)` by `rms_norm_triton` under PDL; None where the chain does not take x."""
-    if not pdl_rows(x) or (residual is not None and (residual.shape != x.shape or not residual.is_contiguous())):
+    if (not pdl_rows(x) or norm.weight.dtype != x.dtype or norm.weight.shape != x.shape[1:]
+            or (residual is not None and (residual.shape != x.shape or not residual.is_contiguous()))):
         return None
     return rms_norm_triton(x, norm.weight, norm.eps, residual, pdl=True)
 

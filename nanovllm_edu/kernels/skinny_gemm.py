@@ -81,6 +81,8 @@ def skinny_gemm(x: Tensor, w: Tensor, gated: bool = False, block_m: int | None =
     m, k = x.shape
     n = w.shape[0] // 2 if gated else w.shape[0]
     block_m = block_m or max(16, triton.next_power_of_2(m))
+    if w.dim() != 2 or w.shape[1] != k:
+        raise ValueError(f"skinny_gemm needs w [N, K] with K = x.shape[1] = {k}, got w {tuple(w.shape)}")
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("skinny_gemm needs x and w with contiguous rows (unit last stride); pass .contiguous()")
     if gated and splits > 1:
