@@ -12,8 +12,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-
-from fastcore.basics import patch
 from tqdm.auto import tqdm
 
 from .llm import LLM
@@ -81,80 +79,70 @@ class RequestStream:
             except RuntimeError:  # the consumer's event loop has closed: nobody waits there any more
                 self.waker = None
 
-# %% ../notebooks/19_serving.ipynb #s2b-code
-@patch
-def add_text(self: RequestStream, out: RequestOutput) -> RequestOutput:
-    """Fill in `out.text`: the text its tokens add, decoded incrementally; a finished completion's last
-    output adds whatever makes the shown text equal its final text (stop strings and stop ids left out)."""
-    i, detokenizer = out.index, self.detokenizers[out.index]
-    if detokenizer is None:
+    # %% ../notebooks/19_serving.ipynb #s2b-code
+    def add_text(self, out: RequestOutput) -> RequestOutput:
+        """Fill in `out.text`: the text its tokens add, decoded incrementally; a finished completion's last
+        output adds whatever makes the shown text equal its final text (stop strings and stop ids left out)."""
+        i, detokenizer = out.index, self.detokenizers[out.index]
+        if detokenizer is None:
+            return out
+        for token in out.token_ids:
+            detokenizer.add(token)
+        if out.completion is not None:
+            text = out.completion["text"]
+        else:
+            text = detokenizer.text[:max(len(detokenizer.text) - self.held_chars, 0)]
+        shown = self.shown[i]
+        out.text = text[len(shown):] if text.startswith(shown) else ""
+        self.shown[i] = shown + out.text
         return out
-    for token in out.token_ids:
-        detokenizer.add(token)
-    if out.completion is not None:
-        text = out.completion["text"]
-    else:
-        text = detokenizer.text[:max(len(detokenizer.text) - self.held_chars, 0)]
-    shown = self.shown[i]
-    out.text = text[len(shown):] if text.startswith(shown) else ""
-    self.shown[i] = shown + out.text
-    return out
 
+    def unpack(self, item: RequestOutput | BaseException, with_text: bool = True) -> RequestOutput:
+        """An output taken from the queue: the error it carries is raised (and again to whoever asks again), the
+        result kept, the text added."""
+        if isinstance(item, BaseException):
+            self.error = item
+        if self.error is not None:
+            raise RuntimeError(f"request {self.request_id!r} failed in the engine loop: {self.error!r}") from self.error
+        if item.result is not None:
+            self.final = item.result
+        return self.add_text(item) if with_text else item
 
-@patch
-def unpack(self: RequestStream, item: RequestOutput | BaseException, with_text: bool = True) -> RequestOutput:
-    """An output taken from the queue: the error it carries is raised (and again to whoever asks again), the
-    result kept, the text added."""
-    if isinstance(item, BaseException):
-        self.error = item
-    if self.error is not None:
-        raise RuntimeError(f"request {self.request_id!r} failed in the engine loop: {self.error!r}") from self.error
-    if item.result is not None:
-        self.final = item.result
-    return self.add_text(item) if with_text else item
+    # %% ../notebooks/19_serving.ipynb #s2c-code
+    def __iter__(self) -> Iterator[RequestOutput]:
+        while self.final is None:
+            yield self.unpack(self.error or self.outputs.get())
 
-# %% ../notebooks/19_serving.ipynb #s2c-code
-@patch
-def __iter__(self: RequestStream) -> Iterator[RequestOutput]:
-    while self.final is None:
-        yield self.unpack(self.error or self.outputs.get())
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        if self.waker is None:
+            self.waker = (asyncio.get_running_loop(), asyncio.Event())
+        event = self.waker[1]
+        while self.final is None:
+            try:
+                item = self.error or self.outputs.get_nowait()
+            except queue.Empty:
+                await event.wait()
+                event.clear()  # cleared before looking again: an output put after this sets it anew
+                continue
+            yield self.unpack(item)
 
+    def result(self, timeout: float | None = None) -> dict:
+        """Wait for the request to end (finished or aborted) and return its result, as `generate` does. The
+        outputs on the way are not decoded (a caller who wants only the result should not pay for its stream)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.final is None:
+            wait = None if deadline is None else max(deadline - time.monotonic(), 0)
+            try:
+                item = self.error or self.outputs.get(timeout=wait)
+            except queue.Empty:
+                raise TimeoutError(f"request {self.request_id!r} did not finish within {timeout} s") from None
+            self.unpack(item, with_text=False)
+        return self.final
 
-@patch
-async def __aiter__(self: RequestStream) -> AsyncIterator[RequestOutput]:
-    if self.waker is None:
-        self.waker = (asyncio.get_running_loop(), asyncio.Event())
-    event = self.waker[1]
-    while self.final is None:
-        try:
-            item = self.error or self.outputs.get_nowait()
-        except queue.Empty:
-            await event.wait()
-            event.clear()  # cleared before looking again: an output put after this sets it anew
-            continue
-        yield self.unpack(item)
-
-
-@patch
-def result(self: RequestStream, timeout: float | None = None) -> dict:
-    """Wait for the request to end (finished or aborted) and return its result, as `generate` does. The
-    outputs on the way are not decoded (a caller who wants only the result should not pay for its stream)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while self.final is None:
-        wait = None if deadline is None else max(deadline - time.monotonic(), 0)
-        try:
-            item = self.error or self.outputs.get(timeout=wait)
-        except queue.Empty:
-            raise TimeoutError(f"request {self.request_id!r} did not finish within {timeout} s") from None
-        self.unpack(item, with_text=False)
-    return self.final
-
-
-@patch
-def abort(self: RequestStream) -> None:
-    """Drop the request: its blocks go back once no step in flight writes them; the stream then ends."""
-    if self.final is None and self.error is None:  # once ended, its id may already name a new request
-        self.engine.abort(self)
+    def abort(self) -> None:
+        """Drop the request: its blocks go back once no step in flight writes them; the stream then ends."""
+        if self.final is None and self.error is None:  # once ended, its id may already name a new request
+            self.engine.abort(self)
 
 # %% ../notebooks/19_serving.ipynb #s3-code
 class OnlineLLM(LLM):
@@ -199,173 +187,155 @@ class OnlineLLM(LLM):
 
     close = exit
 
-# %% ../notebooks/19_serving.ipynb #s4-code
-@patch
-def submit(self: OnlineLLM, prompt, sampling_params: SamplingParams | None = None, request_id: str | None = None) -> RequestStream:
-    """Validate one request in the caller's thread (a bad one raises ValueError here and nothing is
-    queued), queue it for the engine loop (started on first use) and return its stream."""
-    return self.submit_sequence(self.make_sequence(prompt, sampling_params or SamplingParams()), request_id)
+    # %% ../notebooks/19_serving.ipynb #s4-code
+    def submit(self, prompt, sampling_params: SamplingParams | None = None, request_id: str | None = None) -> RequestStream:
+        """Validate one request in the caller's thread (a bad one raises ValueError here and nothing is
+        queued), queue it for the engine loop (started on first use) and return its stream."""
+        return self.submit_sequence(self.make_sequence(prompt, sampling_params or SamplingParams()), request_id)
 
+    def submit_sequence(self, seq: Sequence, request_id: str | None = None) -> RequestStream:
+        """Queue a request `make_sequence` built."""
+        request_id = f"req-{seq.seq_id}" if request_id is None else str(request_id)
+        with self.live_lock:
+            if not self.accepting:
+                raise RuntimeError("this engine is shutting down and takes no new requests")
+            if request_id in self.live:
+                raise ValueError(f"request_id {request_id!r} is already in use by a live request; pass a new id")
+            stream = RequestStream(self, request_id, seq)
+            request = self.live[request_id] = OnlineRequest(request_id, [seq, *seq.completion.children], stream)
+            self.inbox.put(("add", request))  # under the lock: `fail_all` finds it in `live` and in the inbox alike
+        self.start()
+        self.wakeup.set()
+        return stream
 
-@patch
-def submit_sequence(self: OnlineLLM, seq: Sequence, request_id: str | None = None) -> RequestStream:
-    """Queue a request `make_sequence` built."""
-    request_id = f"req-{seq.seq_id}" if request_id is None else str(request_id)
-    with self.live_lock:
-        if not self.accepting:
-            raise RuntimeError("this engine is shutting down and takes no new requests")
-        if request_id in self.live:
-            raise ValueError(f"request_id {request_id!r} is already in use by a live request; pass a new id")
-        stream = RequestStream(self, request_id, seq)
-        request = self.live[request_id] = OnlineRequest(request_id, [seq, *seq.completion.children], stream)
-        self.inbox.put(("add", request))  # under the lock: `fail_all` finds it in `live` and in the inbox alike
-    self.start()
-    self.wakeup.set()
-    return stream
+    def abort(self, request: str | RequestStream) -> None:
+        """Drop a live request, named by its id or its stream (an unknown or ended one is ignored: it may just have
+        finished)."""
+        self.inbox.put(("abort", request))
+        self.wakeup.set()
 
+    def start(self) -> None:
+        """Start the engine loop's thread (once)."""
+        with self.live_lock:
+            if self.loop_thread is None:
+                self.loop_thread = threading.Thread(target=self.serve_forever, name="nanovllm-engine", daemon=True)
+                self.loop_thread.start()
 
-@patch
-def abort(self: OnlineLLM, request: str | RequestStream) -> None:
-    """Drop a live request, named by its id or its stream (an unknown or ended one is ignored: it may just have
-    finished)."""
-    self.inbox.put(("abort", request))
-    self.wakeup.set()
+    # %% ../notebooks/19_serving.ipynb #s6-code
+    def publish(self) -> None:
+        """Hand each live request's new tokens to its stream (called after every completed step)."""
+        now = time.monotonic()
+        with self.live_lock:
+            requests = list(self.live.values())
+        for request in requests:
+            self.publish_request(request, now)
 
-
-@patch
-def start(self: OnlineLLM) -> None:
-    """Start the engine loop's thread (once)."""
-    with self.live_lock:
-        if self.loop_thread is None:
-            self.loop_thread = threading.Thread(target=self.serve_forever, name="nanovllm-engine", daemon=True)
-            self.loop_thread.start()
-
-# %% ../notebooks/19_serving.ipynb #s6-code
-@patch
-def publish(self: OnlineLLM) -> None:
-    """Hand each live request's new tokens to its stream (called after every completed step)."""
-    now = time.monotonic()
-    with self.live_lock:
-        requests = list(self.live.values())
-    for request in requests:
-        self.publish_request(request, now)
-
-
-@patch
-def publish_request(self: OnlineLLM, request: OnlineRequest, now: float) -> None:
-    """Put one output per completion that has new tokens (ids known: not async placeholders) or has
-    finished; the request's last output carries its result, and the request leaves `live`."""
-    for i, seq in enumerate(request.seqs):
-        if request.done[i]:
-            continue
-        num_pending = num_pending_tokens(seq)
-        known = seq.num_completion_tokens - num_pending
-        start = seq.num_prompt_tokens
-        new = seq.token_ids[start + request.sent[i]:start + known]
-        finished = seq.is_finished and num_pending == 0
-        if not new and not finished:
-            continue
-        logprobs = seq.completion.logprobs
-        out = RequestOutput(request.request_id, i, new, logprobs[request.sent[i]:known] if logprobs is not None
-                            else None, now)
-        prompt = request.seqs[0].completion  # the prompt's state: the n completions share one prefill
-        if request.sent[i] == 0 and prompt.prompt_logprobs is not None:
-            out.prompt_logprobs, out.prompt_logprob_ranks = prompt.prompt_logprobs, prompt.prompt_logprob_ranks
-        request.sent[i] = known
-        if finished:
-            request.done[i] = True
-            out.finish_reason, out.completion = seq.finish_reason, self.completion_output(seq)
-            if all(request.done):
-                out.result = self.result(request.seqs[0])
-                with self.live_lock:
-                    self.live.pop(request.request_id, None)
-        request.stream.put(out)
-
-# %% ../notebooks/19_serving.ipynb #s5-code
-@patch
-def serve_forever(self: OnlineLLM) -> None:
-    """The engine loop: take in new requests and aborts, step while there is work, publish each completed
-    step's tokens; sleep when idle; on `shutdown`, drop what is left and return."""
-    while True:
-        try:
-            self.admit()
-            if self.num_inflight == 0:  # between steps with none in flight: aborts are safe now
-                if self.stopping:
-                    with self.live_lock:
-                        self.to_abort.extend(self.live.values())
-                self.apply_aborts()
-                if self.stopping:
-                    return
-            if self.is_finished():
-                self.wakeup.wait()
-                self.wakeup.clear()  # cleared before admitting: a request queued after this wakes us again
+    def publish_request(self, request: OnlineRequest, now: float) -> None:
+        """Put one output per completion that has new tokens (ids known: not async placeholders) or has
+        finished; the request's last output carries its result, and the request leaves `live`."""
+        for i, seq in enumerate(request.seqs):
+            if request.done[i]:
                 continue
-            for _ in self.steps():  # async scheduling: step n+1 may be in flight while we publish step n
-                self.publish()
-                self.admit()
-                if (self.to_abort or self.stopping) and self.num_inflight == 0:
-                    break
-        except Exception as error:  # a failed step leaves every request's state unknown: end them all
-            self.fail_all(error)
+            num_pending = num_pending_tokens(seq)
+            known = seq.num_completion_tokens - num_pending
+            start = seq.num_prompt_tokens
+            new = seq.token_ids[start + request.sent[i]:start + known]
+            finished = seq.is_finished and num_pending == 0
+            if not new and not finished:
+                continue
+            logprobs = seq.completion.logprobs
+            out = RequestOutput(request.request_id, i, new, logprobs[request.sent[i]:known] if logprobs is not None
+                                else None, now)
+            prompt = request.seqs[0].completion  # the prompt's state: the n completions share one prefill
+            if request.sent[i] == 0 and prompt.prompt_logprobs is not None:
+                out.prompt_logprobs, out.prompt_logprob_ranks = prompt.prompt_logprobs, prompt.prompt_logprob_ranks
+            request.sent[i] = known
+            if finished:
+                request.done[i] = True
+                out.finish_reason, out.completion = seq.finish_reason, self.completion_output(seq)
+                if all(request.done):
+                    out.result = self.result(request.seqs[0])
+                    with self.live_lock:
+                        self.live.pop(request.request_id, None)
+            request.stream.put(out)
 
-
-@patch
-def admit(self: OnlineLLM) -> None:
-    """Move what other threads queued into the scheduler (new requests) or into `to_abort`."""
-    while True:
-        try:
-            kind, item = self.inbox.get_nowait()
-        except queue.Empty:
-            return
-        if kind == "add":
-            self.scheduler.add(item.seqs[0])  # the other completions fork from it after its prefill
-            continue
-        with self.live_lock:  # an abort names a request by id, or by its stream (then only that very request)
-            request = self.live.get(item if isinstance(item, str) else item.request_id)
-        if request is not None and (isinstance(item, str) or request.stream is item):
-            self.to_abort.append(request)
-
-
-@patch
-def apply_aborts(self: OnlineLLM) -> None:
-    """Drop the requests in `to_abort` (no step is in flight): free their blocks, end their streams."""
-    with self.live_lock:  # each once, and only while it is live
-        requests = [r for r in {id(r): r for r in self.to_abort}.values() if self.live.get(r.request_id) is r]
-    self.to_abort = []
-    for request in requests:
-        self.abort_sequences(request.seqs)  # notebooks 06 and 08: out of the queues, blocks freed, "abort"
-        self.publish_request(request, time.monotonic())
-
-# %% ../notebooks/19_serving.ipynb #s7-code
-@patch
-def fail_all(self: OnlineLLM, error: Exception) -> None:
-    """After a failed step: drop every request (blocks freed, the engine stays usable) and hand the error
-    to every live stream."""
-    self.abort_all()
-    self.num_inflight, self.to_abort = 0, []
-    with self.live_lock:
-        requests, self.live = list(self.live.values()), {}
-        while True:  # requests queued but not admitted fail too
+    # %% ../notebooks/19_serving.ipynb #s5-code
+    def serve_forever(self) -> None:
+        """The engine loop: take in new requests and aborts, step while there is work, publish each completed
+        step's tokens; sleep when idle; on `shutdown`, drop what is left and return."""
+        while True:
             try:
-                self.inbox.get_nowait()
+                self.admit()
+                if self.num_inflight == 0:  # between steps with none in flight: aborts are safe now
+                    if self.stopping:
+                        with self.live_lock:
+                            self.to_abort.extend(self.live.values())
+                    self.apply_aborts()
+                    if self.stopping:
+                        return
+                if self.is_finished():
+                    self.wakeup.wait()
+                    self.wakeup.clear()  # cleared before admitting: a request queued after this wakes us again
+                    continue
+                for _ in self.steps():  # async scheduling: step n+1 may be in flight while we publish step n
+                    self.publish()
+                    self.admit()
+                    if (self.to_abort or self.stopping) and self.num_inflight == 0:
+                        break
+            except Exception as error:  # a failed step leaves every request's state unknown: end them all
+                self.fail_all(error)
+
+    def admit(self) -> None:
+        """Move what other threads queued into the scheduler (new requests) or into `to_abort`."""
+        while True:
+            try:
+                kind, item = self.inbox.get_nowait()
             except queue.Empty:
-                break
-    for request in requests:
-        request.stream.put(error)
+                return
+            if kind == "add":
+                self.scheduler.add(item.seqs[0])  # the other completions fork from it after its prefill
+                continue
+            with self.live_lock:  # an abort names a request by id, or by its stream (then only that very request)
+                request = self.live.get(item if isinstance(item, str) else item.request_id)
+            if request is not None and (isinstance(item, str) or request.stream is item):
+                self.to_abort.append(request)
 
+    def apply_aborts(self) -> None:
+        """Drop the requests in `to_abort` (no step is in flight): free their blocks, end their streams."""
+        with self.live_lock:  # each once, and only while it is live
+            requests = [r for r in {id(r): r for r in self.to_abort}.values() if self.live.get(r.request_id) is r]
+        self.to_abort = []
+        for request in requests:
+            self.abort_sequences(request.seqs)  # notebooks 06 and 08: out of the queues, blocks freed, "abort"
+            self.publish_request(request, time.monotonic())
 
-@patch
-def shutdown(self: OnlineLLM, timeout: float = 10.0) -> None:
-    """Stop taking requests, abort the live ones (their streams end with finish_reason "abort") and stop
-    the loop; safe to call twice."""
-    with self.live_lock:
-        self.accepting = False
-    self.stopping = True
-    self.wakeup.set()
-    if self.loop_thread is not None and self.loop_thread is not threading.current_thread():
-        self.loop_thread.join(timeout)
-        if self.loop_thread.is_alive():
-            raise TimeoutError(f"the engine loop did not stop within {timeout} s (a step is stuck)")
+    # %% ../notebooks/19_serving.ipynb #s7-code
+    def fail_all(self, error: Exception) -> None:
+        """After a failed step: drop every request (blocks freed, the engine stays usable) and hand the error
+        to every live stream."""
+        self.abort_all()
+        self.num_inflight, self.to_abort = 0, []
+        with self.live_lock:
+            requests, self.live = list(self.live.values()), {}
+            while True:  # requests queued but not admitted fail too
+                try:
+                    self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+        for request in requests:
+            request.stream.put(error)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop taking requests, abort the live ones (their streams end with finish_reason "abort") and stop
+        the loop; safe to call twice."""
+        with self.live_lock:
+            self.accepting = False
+        self.stopping = True
+        self.wakeup.set()
+        if self.loop_thread is not None and self.loop_thread is not threading.current_thread():
+            self.loop_thread.join(timeout)
+            if self.loop_thread.is_alive():
+                raise TimeoutError(f"the engine loop did not stop within {timeout} s (a step is stuck)")
 
 
 def generate_online(llm: OnlineLLM, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,

@@ -1,27 +1,34 @@
-"""Export the course notebooks into the `nanovllm_edu` package with nbdev's exporter.
+"""Export the course notebooks into the `nanovllm_edu` package.
 
     python scripts/export_notebooks.py            # write nanovllm_edu/ from notebooks/
     python scripts/export_notebooks.py --check    # fail if exporting would change any file
-    python scripts/export_notebooks.py --only 07_model_runner   # export the modules of one notebook only
+    python scripts/export_notebooks.py --only 07_model_runner   # write the modules that notebook writes
 
-nbdev's own `nbdev-export` writes a notebook's `#| default_exp` module anew but *appends* cells sent to
-any other module with `#| export other.module`, so a stage notebook that owns several small modules
-(02 exports nine) would grow them on every run. This script drives the same nbdev machinery
-(`NBProcessor`, `ExportModuleProc`, `ModuleMaker`, settings from `[tool.nbdev]` in pyproject.toml) but
-writes every target module whole, which keeps the export idempotent. It also enforces the project rule
-that two notebooks never export into one module.
+nbdev's machinery reads the notebooks (`NBProcessor`, `ExportModuleProc`: the `#| default_exp` and
+`#| export` directives, imports made relative, `__all__`, settings from `[tool.nbdev]` in pyproject.toml).
+This script then composes each module from every notebook that writes it, in course order
+(scripts/compose_modules.py says how: a new definition is appended, a definition of a name the module has
+replaces it in place, a `@patch`-ed method is folded into its class's body), and writes every module whole,
+so the export is idempotent and the package holds plain classes. A module's header names every notebook that
+wrote it, in course order; each cell's code keeps the marker of the cell that wrote it.
 """
 import argparse
 import filecmp
+import os
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from textwrap import TextWrapper
 
 from nbdev.config import get_config
 from nbdev.export import ExportModuleProc
-from nbdev.maker import ModuleMaker
+from nbdev.maker import ModuleMaker, _import2relative, _retr_mdoc
 from nbdev.process import NBProcessor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compose_modules import ComposeError, ModuleComposer  # noqa: E402  (a sibling of this script)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,15 +38,19 @@ def course_notebooks(nbs_path: Path) -> list[Path]:
     return sorted(nb for nb in nbs_path.glob("*.ipynb") if nb.name[:1].isdigit() or nb.name[:1] == "A")
 
 
-def export_all(root: Path, only: str | None = None) -> dict[str, Path]:
-    """Export every notebook under `root`'s nbs_path (or the one whose name starts with `only`) into its
-    lib_path; return module file -> notebook."""
+@dataclass
+class Writing:
+    """What one notebook exports into one module: its cells, and those whose names go into `__all__`."""
+    notebook: Path
+    cells: list
+    in_all: list
+
+
+def collect(root: Path) -> dict[str, list[Writing]]:
+    """Module name -> what each notebook writes into it, in course order."""
     cfg = get_config(root)
-    lib_path = root / cfg.lib_path.name
-    owners: dict[str, Path] = {}
+    writers: dict[str, list[Writing]] = {}
     for nb in course_notebooks(root / cfg.nbs_path.name):
-        if only is not None and not nb.name.startswith(only):
-            continue
         exp = ExportModuleProc()
         NBProcessor(nb, [exp]).process()
         for mod, cells in exp.modules.items():
@@ -48,15 +59,50 @@ def export_all(root: Path, only: str | None = None) -> dict[str, Path]:
             name = getattr(exp, "default_exp", None) if mod == "#" else mod
             if not name:
                 raise SystemExit(f"{nb.name}: exports code but has no `#| default_exp` cell")
-            fname = (lib_path / name.replace(".", "/")).with_suffix(".py")
-            key = str(fname.relative_to(root))
-            if key in owners and owners[key] != nb:
-                raise SystemExit(f"{key} is exported by both {owners[key].name} and {nb.name}; "
-                                 "one module belongs to one notebook")
-            owners[key] = nb
-            ModuleMaker(dest=lib_path, name=name, nb_path=nb, is_new=True).make(
-                cells, exp.in_all[mod], lib_path=lib_path)
-    return owners
+            writers.setdefault(name, []).append(Writing(nb, list(cells), list(exp.in_all[mod])))
+    return writers
+
+
+def compose(name: str, writings: list[Writing], lib_path: Path) -> str:
+    """The text of module `name` from the cells its notebooks export, in course order."""
+    fname = (lib_path / name.replace(".", "/")).with_suffix(".py")
+    rel = lambda nb: Path(os.path.relpath(nb, fname.parent)).as_posix()
+    composer = ModuleComposer(name)
+    for w in writings:
+        _import2relative(w.cells, os.path.relpath(fname.parent, lib_path.parent))
+        for cell in w.cells:
+            if cell.cell_type != "code" or not cell.source.strip() or "exportd" in getattr(cell, "directives_", {}):
+                continue
+            where = f"{w.notebook.name} cell {cell.get('id', cell.idx_)}"
+            if "from __future__" in cell.source:
+                raise ComposeError(f"{where}: a __future__ import is not supported in an exported cell")
+            origin = f"# %% {rel(w.notebook)}" + (f" #{cell.id}" if cell.get("id") else "")
+            composer.add_cell(cell.source, origin, where)
+    files = [rel(w.notebook) for w in writings]
+    header = (f"# AUTOGENERATED! DO NOT EDIT! File to edit: {files[0]}." if len(files) == 1 else
+              "# AUTOGENERATED! DO NOT EDIT! Files to edit, in course order:\n" + "\n".join(f"#   {f}" for f in files))
+    names = ModuleMaker.make_all(None, [c for w in writings for c in w.in_all])
+    wrapped = "\n".join(TextWrapper(width=120, initial_indent="", subsequent_indent=" " * 11,
+                                    break_long_words=False).wrap(str(names)))
+    return (_retr_mdoc(writings[0].cells, writings[0].notebook) + header + f"\n\n# %% auto #0\n__all__ = {wrapped}"
+            + composer.render() + "\n")
+
+
+def export_all(root: Path, only: str | None = None) -> dict[str, list[Path]]:
+    """Write every module (or those the notebook whose name starts with `only` writes) into the package;
+    return module file -> the notebooks that wrote it."""
+    lib_path = root / get_config(root).lib_path.name
+    written = {}
+    for name, writings in collect(root).items():
+        notebooks = [w.notebook for w in writings]
+        if only is not None and not any(nb.name.startswith(only) for nb in notebooks):
+            continue
+        fname = (lib_path / name.replace(".", "/")).with_suffix(".py")
+        text = compose(name, writings, lib_path)
+        fname.parent.mkdir(parents=True, exist_ok=True)
+        fname.write_text(text, encoding="utf-8")
+        written[str(fname.relative_to(root))] = notebooks
+    return written
 
 
 def check(root: Path) -> list[str]:
@@ -66,13 +112,13 @@ def check(root: Path) -> list[str]:
         tmp = Path(tmp)
         shutil.copy(root / "pyproject.toml", tmp / "pyproject.toml")
         shutil.copytree(root / cfg.nbs_path.name, tmp / cfg.nbs_path.name)
-        owners = export_all(tmp)
-        changed = [key for key in owners
+        written = export_all(tmp)
+        changed = [key for key in written
                    if not (root / key).exists() or not filecmp.cmp(tmp / key, root / key, shallow=False)]
-        # a generated module whose notebook no longer exports it is stale
+        # a generated module whose notebooks no longer export it is stale
         for path in sorted((root / cfg.lib_path.name).rglob("*.py")):
             key = str(path.relative_to(root))
-            if key not in owners and "AUTOGENERATED! DO NOT EDIT!" in path.read_text(encoding="utf-8"):
+            if key not in written and "AUTOGENERATED! DO NOT EDIT!" in path.read_text(encoding="utf-8"):
                 changed.append(f"{key} (stale: no notebook exports it)")
     return changed
 
@@ -80,7 +126,8 @@ def check(root: Path) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="fail if exporting would change any file")
-    ap.add_argument("--only", metavar="NOTEBOOK", help="export only the notebook whose name starts with this")
+    ap.add_argument("--only", metavar="NOTEBOOK", help="write only the modules the notebook whose name starts "
+                    "with this writes (each composed from all its notebooks)")
     args = ap.parse_args()
     if args.check:
         changed = check(ROOT)
@@ -90,8 +137,8 @@ def main() -> None:
             sys.exit(1)
         print("notebooks and package are in sync")
     else:
-        owners = export_all(ROOT, args.only)
-        print(f"exported {len(owners)} modules from {len(set(owners.values()))} notebooks")
+        written = export_all(ROOT, args.only)
+        print(f"exported {len(written)} modules from {len({nb for nbs in written.values() for nb in nbs})} notebooks")
 
 
 if __name__ == "__main__":

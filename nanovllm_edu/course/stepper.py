@@ -7,8 +7,6 @@ __all__ = ['EngineStepper']
 """Drive a batch through one engine a step at a time (exported from notebooks/10_watching_the_engine.ipynb)."""
 from collections.abc import Callable
 
-from fastcore.basics import patch
-
 from ..sampling_params import SamplingParams
 from .trace import EngineTrace, StepRecord
 
@@ -58,49 +56,46 @@ class EngineStepper:
             taken += 1
         return taken
 
-# %% ../../notebooks/10_watching_the_engine.ipynb #e930c4bc
-@patch
-def state(self: EngineStepper) -> dict:
-    """Plain data: queues, per-request progress, KV pool, budget and the last step."""
-    scheduler, bm = self.llm.scheduler, self.llm.block_manager
-    last = self.records[-1] if self.records else None
-    return {
-        "step": len(self.records),
-        "waiting": [self.name(s.seq_id) for s in scheduler.waiting],
-        "running": [self.name(s.seq_id) for s in scheduler.running],
-        "finished": [self.name(s.seq_id) for s in self.seqs if s.is_finished],
-        "requests": {self.name(s.seq_id): {"status": s.status.name.lower(), "tokens": s.num_tokens,
-                                           "prompt": s.num_prompt_tokens, "computed": s.num_computed_tokens,
-                                           "generated": s.num_completion_tokens, "blocks": list(s.block_table),
-                                           "preemptions": s.num_preemptions}
-                     for s in self.seqs},
-        "used_blocks": bm.num_blocks - bm.num_free_blocks, "total_blocks": bm.num_blocks,
-        "token_budget": scheduler.max_num_batched_tokens, "max_num_seqs": scheduler.max_num_seqs,
-        "preemptions": scheduler.num_preemptions,
-        "last_step": None if last is None else {
-            "kind": last.kind, "batch": {self.name(i): c for i, c in zip(last.seq_ids, last.chunks)},
-            "tokens": last.num_tokens, "preempted": [self.name(i) for i in last.preempted],
-            "finished": [self.name(i) for i in last.finished]},
-    }
+    # %% ../../notebooks/10_watching_the_engine.ipynb #e930c4bc
+    def state(self) -> dict:
+        """Plain data: queues, per-request progress, KV pool, budget and the last step."""
+        scheduler, bm = self.llm.scheduler, self.llm.block_manager
+        last = self.records[-1] if self.records else None
+        return {
+            "step": len(self.records),
+            "waiting": [self.name(s.seq_id) for s in scheduler.waiting],
+            "running": [self.name(s.seq_id) for s in scheduler.running],
+            "finished": [self.name(s.seq_id) for s in self.seqs if s.is_finished],
+            "requests": {self.name(s.seq_id): {"status": s.status.name.lower(), "tokens": s.num_tokens,
+                                               "prompt": s.num_prompt_tokens, "computed": s.num_computed_tokens,
+                                               "generated": s.num_completion_tokens, "blocks": list(s.block_table),
+                                               "preemptions": s.num_preemptions}
+                         for s in self.seqs},
+            "used_blocks": bm.num_blocks - bm.num_free_blocks, "total_blocks": bm.num_blocks,
+            "token_budget": scheduler.max_num_batched_tokens, "max_num_seqs": scheduler.max_num_seqs,
+            "preemptions": scheduler.num_preemptions,
+            "last_step": None if last is None else {
+                "kind": last.kind, "batch": {self.name(i): c for i, c in zip(last.seq_ids, last.chunks)},
+                "tokens": last.num_tokens, "preempted": [self.name(i) for i in last.preempted],
+                "finished": [self.name(i) for i in last.finished]},
+        }
 
-
-@patch
-def describe(self: EngineStepper) -> str:
-    """The state as a few lines of text (deterministic: no timings)."""
-    st = self.state()
-    lines = [f"after step {st['step']}:"]
-    last = st["last_step"]
-    if last is not None:
-        batch = ", ".join(f"{n}+{c}" for n, c in last["batch"].items())
-        lines.append(f"  last step: {last['kind']} of {batch} = {last['tokens']} tokens "
-                     f"(budget {st['token_budget']})"
-                     + (f"; preempted {', '.join(last['preempted'])}" if last["preempted"] else "")
-                     + (f"; finished {', '.join(last['finished'])}" if last["finished"] else ""))
-    lines.append(f"  waiting: {' '.join(st['waiting']) or '-'}   running: {' '.join(st['running']) or '-'}"
-                 f"   finished: {' '.join(st['finished']) or '-'}")
-    lines.append(f"  KV blocks {st['used_blocks']}/{st['total_blocks']} in use, "
-                 f"{st['preemptions']} preemptions so far")
-    for name, r in st["requests"].items():
-        lines.append(f"  {name}: {r['status']:8} {r['computed']:3}/{r['tokens']:3} tokens in cache, "
-                     f"{r['generated']:2} generated, blocks {r['blocks']}")
-    return "\n".join(lines)
+    def describe(self) -> str:
+        """The state as a few lines of text (deterministic: no timings)."""
+        st = self.state()
+        lines = [f"after step {st['step']}:"]
+        last = st["last_step"]
+        if last is not None:
+            batch = ", ".join(f"{n}+{c}" for n, c in last["batch"].items())
+            lines.append(f"  last step: {last['kind']} of {batch} = {last['tokens']} tokens "
+                         f"(budget {st['token_budget']})"
+                         + (f"; preempted {', '.join(last['preempted'])}" if last["preempted"] else "")
+                         + (f"; finished {', '.join(last['finished'])}" if last["finished"] else ""))
+        lines.append(f"  waiting: {' '.join(st['waiting']) or '-'}   running: {' '.join(st['running']) or '-'}"
+                     f"   finished: {' '.join(st['finished']) or '-'}")
+        lines.append(f"  KV blocks {st['used_blocks']}/{st['total_blocks']} in use, "
+                     f"{st['preemptions']} preemptions so far")
+        for name, r in st["requests"].items():
+            lines.append(f"  {name}: {r['status']:8} {r['computed']:3}/{r['tokens']:3} tokens in cache, "
+                         f"{r['generated']:2} generated, blocks {r['blocks']}")
+        return "\n".join(lines)

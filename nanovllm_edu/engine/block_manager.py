@@ -81,58 +81,79 @@ class BlockManager:
         """Only the first `num_tokens` tokens of `seq` will be computed by the end of this step: notebook 05's
         prefix cache must not offer its blocks past them (notebook 06's mixed steps); without it, nothing."""
 
+    # %% ../../notebooks/03_paged_blocks.ipynb #e3b01bde
+    def _check(self, seq: Sequence) -> None:
+        if seq.block_size != self.block_size:
+            raise ValueError(f"sequence {seq.seq_id} has block size {seq.block_size}, "
+                             f"this block manager {self.block_size}")
+
+    def _check_allocatable(self, seq: Sequence) -> None:
+        """What `allocate` requires, for this manager and its subclasses: a fresh sequence that fits."""
+        self._check(seq)
+        if seq.block_table:
+            raise RuntimeError(f"sequence {seq.seq_id} already holds blocks {seq.block_table}")
+        if not self.can_allocate(seq):
+            raise RuntimeError(f"sequence {seq.seq_id} needs {seq.num_blocks} blocks (fewer with prefix hits) "
+                               f"but only {self.num_free_blocks} are free; check can_allocate first")
+
+    def deallocate(self, seq: Sequence) -> None:
+        """Return every block of `seq`; its cached KV is gone as far as `seq` is concerned."""
+        # Last block first: with prefix caching the free pool then evicts a prompt's tail before its
+        # head, and heads (system prompts) are what other requests share.
+        for block_id in reversed(seq.block_table):
+            self._release_block(self.blocks[block_id])
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    # %% ../../notebooks/03_paged_blocks.ipynb #e46b105b
+    def num_missing_blocks(self, seq: Sequence) -> int:
+        """Blocks `seq` lacks to hold all its tokens (1 when its newest token starts a block)."""
+        return seq.num_blocks - len(seq.block_table)
+
+    def can_append(self, seq: Sequence) -> bool:
+        """Whether the pool can give `seq` room for its newest token."""
+        return self.num_free_blocks >= self.num_missing_blocks(seq)
+
+    def check_invariants(self, seqs: list[Sequence] = ()) -> None:
+        """Assert the pool is consistent: every block free xor used, ref counts match `seqs`' tables."""
+        free = list(self.free_block_ids)
+        assert len(free) == len(set(free)), "a block is free twice"
+        assert not set(free) & self.used_block_ids, "a block is both free and used"
+        assert len(free) + len(self.used_block_ids) == self.num_blocks, "a block leaked"
+        refs = [0] * self.num_blocks
+        for seq in seqs:
+            for block_id in seq.block_table:
+                refs[block_id] += 1
+        for block in self.blocks:
+            assert (block.ref_count > 0) == (block.block_id in self.used_block_ids), f"{block} misfiled"
+            if seqs:
+                assert block.ref_count == refs[block.block_id], f"{block}: {refs[block.block_id]} tables list it"
+
+    # %% ../../notebooks/03_paged_blocks.ipynb #fork-code
+    def fork(self, parent: Sequence, child: Sequence, num_tokens: int) -> tuple[list[tuple[int, int]], bool]:
+        """Let `child` start from `parent`'s first `num_tokens` tokens: their full blocks shared (one more reference),
+        a partly filled last block copied into a block of the child's own. Returns the (source, destination) block
+        pairs whose KV must be copied, and whether the child got every block (False: none was free for the copy)."""
+        self._check(child)
+        full = num_tokens // self.block_size
+        child.block_table = parent.block_table[:full]
+        for block_id in child.block_table:
+            self.blocks[block_id].ref_count += 1
+        if num_tokens % self.block_size == 0 or len(parent.block_table) <= full:  # nothing partial to copy
+            return [], True  # (or the parent's blocks are gone already: then the child needs none, notebook 09)
+        if not self.free_block_ids:
+            return [], False
+        child.block_table.append(self._take_block().block_id)
+        return [(parent.block_table[full], child.block_table[-1])], True
+
 # %% ../../notebooks/03_paged_blocks.ipynb #e3b01bde
-from fastcore.basics import patch
-
-
-@patch
-def _check(self: BlockManager, seq: Sequence) -> None:
-    if seq.block_size != self.block_size:
-        raise ValueError(f"sequence {seq.seq_id} has block size {seq.block_size}, "
-                         f"this block manager {self.block_size}")
-
-
-@patch
-def _check_allocatable(self: BlockManager, seq: Sequence) -> None:
-    """What `allocate` requires, for this manager and its subclasses: a fresh sequence that fits."""
-    self._check(seq)
-    if seq.block_table:
-        raise RuntimeError(f"sequence {seq.seq_id} already holds blocks {seq.block_table}")
-    if not self.can_allocate(seq):
-        raise RuntimeError(f"sequence {seq.seq_id} needs {seq.num_blocks} blocks (fewer with prefix hits) "
-                           f"but only {self.num_free_blocks} are free; check can_allocate first")
-
-
 def allocate_blocks(manager: BlockManager, seq: Sequence) -> None:
     """`BlockManager.allocate`: a fresh block for each of `seq`'s blocks; nothing of it is computed yet."""
     manager._check_allocatable(seq)
     seq.block_table = [manager._take_block().block_id for _ in range(seq.num_blocks)]
     seq.num_computed_tokens = 0
 
-
-@patch
-def deallocate(self: BlockManager, seq: Sequence) -> None:
-    """Return every block of `seq`; its cached KV is gone as far as `seq` is concerned."""
-    # Last block first: with prefix caching the free pool then evicts a prompt's tail before its
-    # head, and heads (system prompts) are what other requests share.
-    for block_id in reversed(seq.block_table):
-        self._release_block(self.blocks[block_id])
-    seq.block_table = []
-    seq.num_computed_tokens = 0
-
 # %% ../../notebooks/03_paged_blocks.ipynb #e46b105b
-@patch
-def num_missing_blocks(self: BlockManager, seq: Sequence) -> int:
-    """Blocks `seq` lacks to hold all its tokens (1 when its newest token starts a block)."""
-    return seq.num_blocks - len(seq.block_table)
-
-
-@patch
-def can_append(self: BlockManager, seq: Sequence) -> bool:
-    """Whether the pool can give `seq` room for its newest token."""
-    return self.num_free_blocks >= self.num_missing_blocks(seq)
-
-
 def append_blocks(manager: BlockManager, seq: Sequence) -> None:
     """`BlockManager.may_append`: the blocks `seq` lacks for its newest token (a decode step computes its KV)."""
     manager._check(seq)
@@ -143,38 +164,3 @@ def append_blocks(manager: BlockManager, seq: Sequence) -> None:
         raise RuntimeError(f"sequence {seq.seq_id} needs a new block and none is free")
     for _ in range(missing):
         seq.block_table.append(manager._take_block().block_id)
-
-
-@patch
-def check_invariants(self: BlockManager, seqs: list[Sequence] = ()) -> None:
-    """Assert the pool is consistent: every block free xor used, ref counts match `seqs`' tables."""
-    free = list(self.free_block_ids)
-    assert len(free) == len(set(free)), "a block is free twice"
-    assert not set(free) & self.used_block_ids, "a block is both free and used"
-    assert len(free) + len(self.used_block_ids) == self.num_blocks, "a block leaked"
-    refs = [0] * self.num_blocks
-    for seq in seqs:
-        for block_id in seq.block_table:
-            refs[block_id] += 1
-    for block in self.blocks:
-        assert (block.ref_count > 0) == (block.block_id in self.used_block_ids), f"{block} misfiled"
-        if seqs:
-            assert block.ref_count == refs[block.block_id], f"{block}: {refs[block.block_id]} tables list it"
-
-# %% ../../notebooks/03_paged_blocks.ipynb #fork-code
-@patch
-def fork(self: BlockManager, parent: Sequence, child: Sequence, num_tokens: int) -> tuple[list[tuple[int, int]], bool]:
-    """Let `child` start from `parent`'s first `num_tokens` tokens: their full blocks shared (one more reference),
-    a partly filled last block copied into a block of the child's own. Returns the (source, destination) block
-    pairs whose KV must be copied, and whether the child got every block (False: none was free for the copy)."""
-    self._check(child)
-    full = num_tokens // self.block_size
-    child.block_table = parent.block_table[:full]
-    for block_id in child.block_table:
-        self.blocks[block_id].ref_count += 1
-    if num_tokens % self.block_size == 0 or len(parent.block_table) <= full:  # nothing partial to copy
-        return [], True  # (or the parent's blocks are gone already: then the child needs none, notebook 09)
-    if not self.free_block_ids:
-        return [], False
-    child.block_table.append(self._take_block().block_id)
-    return [(parent.block_table[full], child.block_table[-1])], True

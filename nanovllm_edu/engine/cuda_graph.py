@@ -59,10 +59,47 @@ class CUDAGraphRunner:
         return StepInputs(False, self.input_ids[:bs], self.positions[:bs], self.slot_mapping[:bs],
                           block_tables=self.block_tables[:bs], context_lens=self.context_lens[:bs])
 
+    # %% ../../notebooks/13_cuda_graphs.ipynb #badee240
+    @torch.inference_mode()
+    def capture(self) -> tuple[float, int]:
+        """Capture the largest batch first so its pool is big enough for all the others."""
+        with no_garbage_collection():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # so the growth of reserved memory is what the graphs hold
+            start, mem_before = time.perf_counter(), torch.cuda.memory_reserved()
+            for bs in reversed(self.batch_sizes):
+                step = self.static_step(bs)
+                self.outputs[:bs] = self.model(step.input_ids, step.positions, step)  # warm-up: autotune, allocate
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, self.pool):
+                    self.outputs[:bs] = self.model(step.input_ids, step.positions, step)
+                if self.pool is None:
+                    self.pool = graph.pool()
+                self.graphs[bs] = graph
+                torch.cuda.synchronize()
+            return time.perf_counter() - start, torch.cuda.memory_reserved() - mem_before
+
+    # %% ../../notebooks/13_cuda_graphs.ipynb #15270d4b
+    def padded_size(self, batch_size: int) -> int | None:
+        """The smallest captured size that holds the batch, or None (run eagerly)."""
+        return smallest_holding(self.batch_sizes, batch_size)
+
+    def run(self, step: StepInputs) -> Tensor:
+        """Replay the decode graph for this step's batch; returns hidden states [bs, hidden]."""
+        bs = step.input_ids.shape[0]
+        graph_bs = self.padded_size(bs)
+        self.input_ids[:bs] = step.input_ids
+        self.positions[:bs] = step.positions
+        self.slot_mapping[bs:graph_bs].fill_(-1)  # padding rows store nothing ...
+        self.slot_mapping[:bs] = step.slot_mapping
+        self.context_lens[bs:graph_bs].zero_()  # ... and attend to nothing
+        self.context_lens[:bs] = step.context_lens
+        self.block_tables[:bs, :step.block_tables.shape[1]] = step.block_tables
+        self.graphs[graph_bs].replay()
+        return self.outputs[:bs]
+
 # %% ../../notebooks/13_cuda_graphs.ipynb #badee240
 import gc
-
-from fastcore.basics import patch
 
 
 @contextmanager
@@ -75,49 +112,6 @@ def no_garbage_collection():
         yield
     finally:
         gc.enable()
-
-
-@patch
-@torch.inference_mode()
-@no_garbage_collection()
-def capture(self: CUDAGraphRunner) -> tuple[float, int]:
-    """Capture the largest batch first so its pool is big enough for all the others."""
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()  # so the growth of reserved memory is what the graphs hold
-    start, mem_before = time.perf_counter(), torch.cuda.memory_reserved()
-    for bs in reversed(self.batch_sizes):
-        step = self.static_step(bs)
-        self.outputs[:bs] = self.model(step.input_ids, step.positions, step)  # warm-up: autotune, allocate
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, self.pool):
-            self.outputs[:bs] = self.model(step.input_ids, step.positions, step)
-        if self.pool is None:
-            self.pool = graph.pool()
-        self.graphs[bs] = graph
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, torch.cuda.memory_reserved() - mem_before
-
-# %% ../../notebooks/13_cuda_graphs.ipynb #15270d4b
-@patch
-def padded_size(self: CUDAGraphRunner, batch_size: int) -> int | None:
-    """The smallest captured size that holds the batch, or None (run eagerly)."""
-    return smallest_holding(self.batch_sizes, batch_size)
-
-
-@patch
-def run(self: CUDAGraphRunner, step: StepInputs) -> Tensor:
-    """Replay the decode graph for this step's batch; returns hidden states [bs, hidden]."""
-    bs = step.input_ids.shape[0]
-    graph_bs = self.padded_size(bs)
-    self.input_ids[:bs] = step.input_ids
-    self.positions[:bs] = step.positions
-    self.slot_mapping[bs:graph_bs].fill_(-1)  # padding rows store nothing ...
-    self.slot_mapping[:bs] = step.slot_mapping
-    self.context_lens[bs:graph_bs].zero_()  # ... and attend to nothing
-    self.context_lens[:bs] = step.context_lens
-    self.block_tables[:bs, :step.block_tables.shape[1]] = step.block_tables
-    self.graphs[graph_bs].replay()
-    return self.outputs[:bs]
 
 # %% ../../notebooks/13_cuda_graphs.ipynb #piecewise-code
 PIECEWISE_TOKEN_SIZES = (64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
@@ -145,65 +139,62 @@ class PiecewiseGraphs:
         """The smallest captured token count that holds the step, or None (run eagerly)."""
         return smallest_holding(self.token_sizes, num_tokens)
 
-# %% ../../notebooks/13_cuda_graphs.ipynb #piecewise-capture-code
-@patch
-@torch.inference_mode()
-@no_garbage_collection()
-def capture(self: PiecewiseGraphs) -> float:
-    """Capture every size, largest first; returns the seconds it took."""
-    start = time.perf_counter()
-    for size in reversed(self.token_sizes):
-        ids, positions = self.input_ids[:size], self.positions[:size]
-        step = StepInputs(True, ids, positions, torch.full_like(ids, -1))  # what prepare_qk is handed
-        with self.split_at_attention(lambda attend, q, k, v: torch.empty_like(q)):
-            self.model(ids, positions, step)  # warm-up: compiles the pieces' kernels for this size
-        pieces, io, stream = [torch.cuda.CUDAGraph()], [], torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
+    # %% ../../notebooks/13_cuda_graphs.ipynb #piecewise-capture-code
+    @torch.inference_mode()
+    @no_garbage_collection()
+    def capture(self) -> float:
+        """Capture every size, largest first; returns the seconds it took."""
+        start = time.perf_counter()
+        for size in reversed(self.token_sizes):
+            ids, positions = self.input_ids[:size], self.positions[:size]
+            step = StepInputs(True, ids, positions, torch.full_like(ids, -1))  # what prepare_qk is handed
+            with self.split_at_attention(lambda attend, q, k, v: torch.empty_like(q)):
+                self.model(ids, positions, step)  # warm-up: compiles the pieces' kernels for this size
+            pieces, io, stream = [torch.cuda.CUDAGraph()], [], torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
 
-        def next_piece(attend, q, k, v):
-            pieces[-1].capture_end()
-            io.append((attend, q, k, v, torch.empty_like(q)))  # out: written by attention, read by the next
-            pieces.append(torch.cuda.CUDAGraph())
-            pieces[-1].capture_begin(pool=self.pool)
-            return io[-1][-1]
+            def next_piece(attend, q, k, v):
+                pieces[-1].capture_end()
+                io.append((attend, q, k, v, torch.empty_like(q)))  # out: written by attention, read by the next
+                pieces.append(torch.cuda.CUDAGraph())
+                pieces[-1].capture_begin(pool=self.pool)
+                return io[-1][-1]
 
-        with torch.cuda.stream(stream), self.split_at_attention(next_piece):
-            pieces[-1].capture_begin(pool=self.pool)
-            self.outputs[size] = self.model(ids, positions, step)
-            pieces[-1].capture_end()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.pieces[size], self.attention_io[size] = pieces, io
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
+            with torch.cuda.stream(stream), self.split_at_attention(next_piece):
+                pieces[-1].capture_begin(pool=self.pool)
+                self.outputs[size] = self.model(ids, positions, step)
+                pieces[-1].capture_end()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.pieces[size], self.attention_io[size] = pieces, io
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
 
-@patch
-@contextmanager
-def split_at_attention(self: PiecewiseGraphs, at_attention):
-    """Inside the block, every attention layer calls `at_attention(attend, q, k, v)` instead of attending
-    (`attend(q, k, v, step)` is its own forward)."""
-    for module in self.attentions:
-        attend = module.forward
-        module.forward = lambda q, k, v, step=None, attend=attend: at_attention(attend, q, k, v)
-    try:
-        yield
-    finally:
+    @contextmanager
+    def split_at_attention(self, at_attention):
+        """Inside the block, every attention layer calls `at_attention(attend, q, k, v)` instead of attending
+        (`attend(q, k, v, step)` is its own forward)."""
         for module in self.attentions:
-            del module.forward  # the class's forward again
+            attend = module.forward
+            module.forward = lambda q, k, v, step=None, attend=attend: at_attention(attend, q, k, v)
+        try:
+            yield
+        finally:
+            for module in self.attentions:
+                del module.forward  # the class's forward again
 
-# %% ../../notebooks/13_cuda_graphs.ipynb #piecewise-run-code
-@patch
-def run(self: PiecewiseGraphs, step: StepInputs) -> Tensor:
-    """Replay the pieces of the step's size, attending eagerly between them; hidden states [T, hidden]."""
-    num_tokens = step.input_ids.shape[0]
-    size = self.padded_size(num_tokens)
-    self.input_ids[:num_tokens] = step.input_ids  # padding rows keep old ids and positions: valid, unread
-    self.positions[:num_tokens] = step.positions
-    pieces = self.pieces[size]
-    for piece, (attend, q, k, v, out) in zip(pieces, self.attention_io[size]):
-        piece.replay()
-        out[:num_tokens] = attend(q[:num_tokens], k[:num_tokens], v[:num_tokens], step)
-    pieces[-1].replay()
-    return self.outputs[size][:num_tokens]
+    # %% ../../notebooks/13_cuda_graphs.ipynb #piecewise-run-code
+    def run(self, step: StepInputs) -> Tensor:
+        """Replay the pieces of the step's size, attending eagerly between them; hidden states [T, hidden]."""
+        num_tokens = step.input_ids.shape[0]
+        size = self.padded_size(num_tokens)
+        self.input_ids[:num_tokens] = step.input_ids  # padding rows keep old ids and positions: valid, unread
+        self.positions[:num_tokens] = step.positions
+        pieces = self.pieces[size]
+        for piece, (attend, q, k, v, out) in zip(pieces, self.attention_io[size]):
+            piece.replay()
+            out[:num_tokens] = attend(q[:num_tokens], k[:num_tokens], v[:num_tokens], step)
+        pieces[-1].replay()
+        return self.outputs[size][:num_tokens]
 
 # %% ../../notebooks/13_cuda_graphs.ipynb #full-pad-code
 MAX_GRAPH_CHUNKS = 16  # prompt chunks a full-step graph has room for; a step with more replays pieces
@@ -278,35 +269,32 @@ class FullStepGraphs:
             return None
         return smallest_holding(self.token_sizes, step.input_ids.shape[0])
 
-# %% ../../notebooks/13_cuda_graphs.ipynb #full-graphs-run-code
-@patch
-@torch.inference_mode()
-@no_garbage_collection()
-def capture(self: FullStepGraphs) -> float:
-    """Capture every size, largest first, into the pool the pieces use (they never run at once)."""
-    start = time.perf_counter()
-    for size in reversed(self.token_sizes):
-        step = self.static_step(size)
-        self.model(step.input_ids, step.positions, step)  # warm-up: compiles the kernels for this layout
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, self.pool):
-            self.outputs[size] = self.model(step.input_ids, step.positions, step)
-        self.graphs[size] = graph
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
+    # %% ../../notebooks/13_cuda_graphs.ipynb #full-graphs-run-code
+    @torch.inference_mode()
+    @no_garbage_collection()
+    def capture(self) -> float:
+        """Capture every size, largest first, into the pool the pieces use (they never run at once)."""
+        start = time.perf_counter()
+        for size in reversed(self.token_sizes):
+            step = self.static_step(size)
+            self.model(step.input_ids, step.positions, step)  # warm-up: compiles the kernels for this layout
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, self.pool):
+                self.outputs[size] = self.model(step.input_ids, step.positions, step)
+            self.graphs[size] = graph
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
 
-
-@patch
-def run(self: FullStepGraphs, step: StepInputs) -> Tensor:
-    """Copy the step into the buffers in the graph's layout and replay it; hidden states [T, hidden]."""
-    num_tokens = step.input_ids.shape[0]
-    size = self.padded_size(step)
-    static, padded = self.static_step(size), padded_step(step, size, self.decode_slots(size))
-    for name in ("input_ids", "positions", "slot_mapping", "context_lens", "cu_seqlens_q", "cu_seqlens_k"):
-        getattr(static, name).copy_(getattr(padded, name))
-    static.block_tables[:, :padded.block_tables.shape[1]] = padded.block_tables
-    self.graphs[size].replay()
-    return self.outputs[size][:num_tokens]
+    def run(self, step: StepInputs) -> Tensor:
+        """Copy the step into the buffers in the graph's layout and replay it; hidden states [T, hidden]."""
+        num_tokens = step.input_ids.shape[0]
+        size = self.padded_size(step)
+        static, padded = self.static_step(size), padded_step(step, size, self.decode_slots(size))
+        for name in ("input_ids", "positions", "slot_mapping", "context_lens", "cu_seqlens_q", "cu_seqlens_k"):
+            getattr(static, name).copy_(getattr(padded, name))
+        static.block_tables[:, :padded.block_tables.shape[1]] = padded.block_tables
+        self.graphs[size].replay()
+        return self.outputs[size][:num_tokens]
 
 # %% ../../notebooks/13_cuda_graphs.ipynb #8781aa3b
 class CUDAGraphForward(EagerForward):

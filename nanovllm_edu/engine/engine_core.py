@@ -16,8 +16,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
-
-from fastcore.basics import patch
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
@@ -110,24 +108,129 @@ class EngineCore:
     def result(self, seq: Sequence) -> dict:
         return core_result(self, seq)
 
+    # %% ../../notebooks/08_engine_core.ipynb #ec-extras
+    def close(self) -> None:
+        """`exit`, by the other name servers use."""
+        self.exit()
+
+    def __enter__(self) -> "EngineCore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.exit()
+
+    # %% ../../notebooks/08_engine_core.ipynb #79092487
+    def _to_token_ids(self, prompt: Prompt) -> list[int]:
+        prompt = _plain(prompt)  # a numpy array (or tensor) of integer ids is a prompt of token ids
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("a prompt is empty; every prompt needs at least one token")
+            if self.tokenizer is None:
+                raise ValueError(f"{self.config.model!r} has no tokenizer files; pass prompts as lists of token ids")
+            return self.tokenizer.encode(prompt)
+        if not isinstance(prompt, (list, tuple)):
+            raise ValueError(f"a prompt must be a string or a list of token ids (ints), got {type(prompt).__name__} "
+                             f"{prompt!r:.40}")
+        prompt = [_plain(t) for t in prompt]
+        odd = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool)]
+        if odd:
+            kind = "floats" if isinstance(odd[0], float) else f"of type {type(odd[0]).__name__}"
+            raise ValueError(f"a prompt must be a string or a list of token ids (ints), but {len(odd)} of its ids "
+                             f"are {kind} (first: {odd[0]!r}); convert them, e.g. [int(t) for t in ids]")
+        vocab = self.config.hf_config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab}); check the tokenizer used")
+        return list(prompt)
+
+    def make_sequence(self, prompt: Prompt, sampling_params: SamplingParams) -> Sequence:
+        """Validate one request completely and build its Sequence (nothing is queued yet)."""
+        if not isinstance(sampling_params, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
+        token_ids = self._to_token_ids(prompt)
+        if not token_ids:
+            raise ValueError("a prompt is empty; every prompt needs at least one token")
+        if len(token_ids) >= self.config.max_model_len:
+            raise ValueError(f"a prompt has {len(token_ids)} tokens, which leaves no room to generate within "
+                             f"max_model_len={self.config.max_model_len}; shorten it or raise max_model_len")
+        seq = Sequence(token_ids, sampling_params, self.config.kvcache_block_size)
+        self.start_request(seq)  # what the request asks beyond sampling (refused here; notebook 09)
+        self.scheduler.check_can_fit(seq)
+        return seq
+
+
+    # %% ../../notebooks/08_engine_core.ipynb #ba84a473
+    def make_requests(self, prompts, sampling_params=None) -> list[Sequence]:
+        """Validate a batch as `generate` takes it (one prompt or a list; one SamplingParams or one per prompt)
+        and build its Sequences; nothing is queued, so a bad request leaves the engine untouched."""
+        if prompts is None:
+            raise ValueError("prompts is None; pass a string, a list of token ids, or a list of those")
+        prompts = _plain(prompts)  # a 1-D numpy array is one prompt of token ids, a 2-D one a batch
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                        and isinstance(prompts[0], numbers.Number)):
+            prompts = [prompts]  # one prompt given bare (token ids, or numbers that are refused below)
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a string, a list of token ids, or a list of those; got "
+                             f"{type(prompts).__name__} {prompts!r:.40}")
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
+        if sampling_params is None:  # only None means "defaults": an empty list is a mistake, refused below
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        elif not isinstance(sampling_params, (list, tuple)):
+            fix = f"SamplingParams(**{sampling_params!r})" if isinstance(sampling_params, dict) else "SamplingParams(...)"
+            raise ValueError(f"sampling_params must be SamplingParams or a list of them, got "
+                             f"{type(sampling_params).__name__}; pass {fix}")
+        elif len(sampling_params) != len(prompts):
+            raise ValueError(f"got {len(sampling_params)} SamplingParams for {len(prompts)} prompts; pass one "
+                             "SamplingParams for all, or exactly one per prompt")
+        return [self.make_sequence(p, sp) for p, sp in zip(prompts, sampling_params)]
+
+    def add_request(self, prompt: Prompt, sampling_params: SamplingParams) -> int:
+        """Validate and queue one request; returns its sequence id. Step it with `step`/`steps`: `generate`
+        refuses to start while requests are queued, since it returns only its own results."""
+        with self.lock:
+            seq = self.make_sequence(prompt, sampling_params)
+            self.scheduler.add(seq)
+            return seq.seq_id
+
+    # %% ../../notebooks/08_engine_core.ipynb #5cf6d2ba
+    def step(self) -> StepResult:
+        """One scheduled batch through the model, waited for: what it finished and how many tokens it processed."""
+        with self.lock:
+            return self.complete(self.launch())
+
+    def is_finished(self) -> bool:
+        return self.scheduler.is_finished()
+
+    def abort_all(self) -> None:
+        """Drop every queued and running request and free its blocks (the engine stays usable): `abort_sequences`,
+        in the class, drops the ones it is given."""
+        self.abort_sequences()
+
+    @contextmanager
+    def observe(self, observer: StepObserver) -> Iterator[StepObserver]:
+        """Attach `observer` to this engine and its model runner inside the block, beside any attached already."""
+        saved = self.observer
+        combined = observer if type(saved) is StepObserver else ObserverGroup([saved, observer])
+        self.observer = self.model_runner.observer = combined
+        try:
+            yield observer
+        finally:
+            self.observer = self.model_runner.observer = saved
+
+    # %% ../../notebooks/08_engine_core.ipynb #generate-code
+    def check_idle(self) -> None:
+        """Refuse to start a `generate` while other requests are queued: their results would be dropped."""
+        if not self.is_finished():
+            n = len(self.scheduler.waiting) + len(self.scheduler.running)
+            raise RuntimeError(f"generate() found {n} request(s) already queued (by add_request, or a stream left "
+                               "open); generate returns only its own results, so step those to the end first "
+                               "(`for _ in engine.steps(): pass`) or drop them with engine.abort_all()")
+
 
 # %% ../../notebooks/08_engine_core.ipynb #ec-extras
-@patch
-def close(self: EngineCore) -> None:
-    """`exit`, by the other name servers use."""
-    self.exit()
-
-
-@patch
-def __enter__(self: EngineCore) -> "EngineCore":
-    return self
-
-
-@patch
-def __exit__(self: EngineCore, *exc) -> None:
-    self.exit()
-
-
 def refuse_features(seq: Sequence) -> None:
     """Refuse, before any work, a request that asks for more than EngineCore does (notebook 09's LLMEngine)."""
     asked = requested_features(seq.sampling_params)
@@ -155,88 +258,6 @@ def core_result(engine: EngineCore, seq: Sequence) -> dict:
 def _plain(x):
     """A numpy array or torch tensor (or one of their scalars) as plain Python lists and numbers."""
     return x.tolist() if hasattr(x, "tolist") and hasattr(x, "ndim") else x
-
-
-@patch
-def _to_token_ids(self: EngineCore, prompt: Prompt) -> list[int]:
-    prompt = _plain(prompt)  # a numpy array (or tensor) of integer ids is a prompt of token ids
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ValueError("a prompt is empty; every prompt needs at least one token")
-        if self.tokenizer is None:
-            raise ValueError(f"{self.config.model!r} has no tokenizer files; pass prompts as lists of token ids")
-        return self.tokenizer.encode(prompt)
-    if not isinstance(prompt, (list, tuple)):
-        raise ValueError(f"a prompt must be a string or a list of token ids (ints), got {type(prompt).__name__} "
-                         f"{prompt!r:.40}")
-    prompt = [_plain(t) for t in prompt]
-    odd = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool)]
-    if odd:
-        kind = "floats" if isinstance(odd[0], float) else f"of type {type(odd[0]).__name__}"
-        raise ValueError(f"a prompt must be a string or a list of token ids (ints), but {len(odd)} of its ids "
-                         f"are {kind} (first: {odd[0]!r}); convert them, e.g. [int(t) for t in ids]")
-    vocab = self.config.hf_config.vocab_size
-    bad = [t for t in prompt if not 0 <= t < vocab]
-    if bad:
-        raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab}); check the tokenizer used")
-    return list(prompt)
-
-
-@patch
-def make_sequence(self: EngineCore, prompt: Prompt, sampling_params: SamplingParams) -> Sequence:
-    """Validate one request completely and build its Sequence (nothing is queued yet)."""
-    if not isinstance(sampling_params, SamplingParams):
-        raise ValueError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
-    token_ids = self._to_token_ids(prompt)
-    if not token_ids:
-        raise ValueError("a prompt is empty; every prompt needs at least one token")
-    if len(token_ids) >= self.config.max_model_len:
-        raise ValueError(f"a prompt has {len(token_ids)} tokens, which leaves no room to generate within "
-                         f"max_model_len={self.config.max_model_len}; shorten it or raise max_model_len")
-    seq = Sequence(token_ids, sampling_params, self.config.kvcache_block_size)
-    self.start_request(seq)  # what the request asks beyond sampling (refused here; notebook 09)
-    self.scheduler.check_can_fit(seq)
-    return seq
-
-
-# %% ../../notebooks/08_engine_core.ipynb #ba84a473
-@patch
-def make_requests(self: EngineCore, prompts, sampling_params=None) -> list[Sequence]:
-    """Validate a batch as `generate` takes it (one prompt or a list; one SamplingParams or one per prompt)
-    and build its Sequences; nothing is queued, so a bad request leaves the engine untouched."""
-    if prompts is None:
-        raise ValueError("prompts is None; pass a string, a list of token ids, or a list of those")
-    prompts = _plain(prompts)  # a 1-D numpy array is one prompt of token ids, a 2-D one a batch
-    if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                    and isinstance(prompts[0], numbers.Number)):
-        prompts = [prompts]  # one prompt given bare (token ids, or numbers that are refused below)
-    if not isinstance(prompts, (list, tuple)):
-        raise ValueError(f"prompts must be a string, a list of token ids, or a list of those; got "
-                         f"{type(prompts).__name__} {prompts!r:.40}")
-    if not prompts:
-        raise ValueError("generate() needs at least one prompt")
-    if sampling_params is None:  # only None means "defaults": an empty list is a mistake, refused below
-        sampling_params = SamplingParams()
-    if isinstance(sampling_params, SamplingParams):
-        sampling_params = [sampling_params] * len(prompts)
-    elif not isinstance(sampling_params, (list, tuple)):
-        fix = f"SamplingParams(**{sampling_params!r})" if isinstance(sampling_params, dict) else "SamplingParams(...)"
-        raise ValueError(f"sampling_params must be SamplingParams or a list of them, got "
-                         f"{type(sampling_params).__name__}; pass {fix}")
-    elif len(sampling_params) != len(prompts):
-        raise ValueError(f"got {len(sampling_params)} SamplingParams for {len(prompts)} prompts; pass one "
-                         "SamplingParams for all, or exactly one per prompt")
-    return [self.make_sequence(p, sp) for p, sp in zip(prompts, sampling_params)]
-
-
-@patch
-def add_request(self: EngineCore, prompt: Prompt, sampling_params: SamplingParams) -> int:
-    """Validate and queue one request; returns its sequence id. Step it with `step`/`steps`: `generate`
-    refuses to start while requests are queued, since it returns only its own results."""
-    with self.lock:
-        seq = self.make_sequence(prompt, sampling_params)
-        self.scheduler.add(seq)
-        return seq.seq_id
 
 # %% ../../notebooks/08_engine_core.ipynb #launch-code
 @dataclass
@@ -278,38 +299,6 @@ def complete_step(engine: EngineCore, step: InflightStep) -> StepResult:
     engine.observer.step_finished(engine, step.seqs, step.is_prefill, finished)
     return StepResult(finished, step.num_tokens, step.is_prefill, step.num_decode_tokens)
 
-# %% ../../notebooks/08_engine_core.ipynb #5cf6d2ba
-@patch
-def step(self: EngineCore) -> StepResult:
-    """One scheduled batch through the model, waited for: what it finished and how many tokens it processed."""
-    with self.lock:
-        return self.complete(self.launch())
-
-
-@patch
-def is_finished(self: EngineCore) -> bool:
-    return self.scheduler.is_finished()
-
-
-@patch
-def abort_all(self: EngineCore) -> None:
-    """Drop every queued and running request and free its blocks (the engine stays usable): `abort_sequences`,
-    in the class, drops the ones it is given."""
-    self.abort_sequences()
-
-
-@patch
-@contextmanager
-def observe(self: EngineCore, observer: StepObserver) -> Iterator[StepObserver]:
-    """Attach `observer` to this engine and its model runner inside the block, beside any attached already."""
-    saved = self.observer
-    combined = observer if type(saved) is StepObserver else ObserverGroup([saved, observer])
-    self.observer = self.model_runner.observer = combined
-    try:
-        yield observer
-    finally:
-        self.observer = self.model_runner.observer = saved
-
 # %% ../../notebooks/08_engine_core.ipynb #b934b80f
 class TokenRate:
     """Prefill and decode tokens per second over the last `window` seconds, for the progress bar."""
@@ -329,16 +318,6 @@ class TokenRate:
         return {"prefill": sum(m[1] for m in counted) / span, "decode": sum(m[2] for m in counted) / span}
 
 # %% ../../notebooks/08_engine_core.ipynb #generate-code
-@patch
-def check_idle(self: EngineCore) -> None:
-    """Refuse to start a `generate` while other requests are queued: their results would be dropped."""
-    if not self.is_finished():
-        n = len(self.scheduler.waiting) + len(self.scheduler.running)
-        raise RuntimeError(f"generate() found {n} request(s) already queued (by add_request, or a stream left "
-                           "open); generate returns only its own results, so step those to the end first "
-                           "(`for _ in engine.steps(): pass`) or drop them with engine.abort_all()")
-
-
 def generate_batch(engine: EngineCore, prompts: Prompt | list[Prompt],
                    sampling_params: SamplingParams | list[SamplingParams] | None = None,
                    use_tqdm: bool = True) -> list[dict]:

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
 import torch
-from fastcore.basics import patch
 from torch import Tensor
 
 from ..config import Config
@@ -318,6 +317,39 @@ class LLMEngine(EngineCore):
     def result(self, seq: Sequence) -> dict:
         return request_result(self, seq)
 
+    # %% ../../notebooks/09_request_features.ipynb #d61cd83c
+    def completion_output(self, seq: Sequence) -> dict:
+        """One finished completion: its text (special tokens and a stop string left out), token ids (an EOS or
+        stop id kept), why it finished (`finish_reason`, `stop_reason`), and the logprobs it asked for."""
+        state = seq.completion
+        # a stop string's finder holds the text up to the string; otherwise the text of the tokens (08's rule)
+        text = state.stop_strings.text if isinstance(state.stop_reason, str) else decoded_text(self, seq)
+        return {"text": text, "token_ids": seq.completion_token_ids, "finish_reason": seq.finish_reason,
+                "stop_reason": state.stop_reason, "logprobs": state.logprobs, "cumulative_logprob": state.cumulative_logprob}
+
+    # %% ../../notebooks/09_request_features.ipynb #chat-code
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = True, chat_template_kwargs: dict | None = None) -> list[dict]:
+        """Replies to one conversation or a list of them (each a list of {"role", "content"} dicts): the
+        tokenizer's chat template renders each with the assistant's turn opened, then `generate` runs the ids.
+        `chat_template_kwargs` go to the template (e.g. {"enable_thinking": False} for Qwen3)."""
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"chat needs a tokenizer with a chat template and {self.config.model!r} has none; "
+                             "use generate with prompts you format yourself")
+        one = isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], dict)
+        conversations = [messages] if one else messages
+        if not isinstance(conversations, (list, tuple)) or not conversations or not all(
+                isinstance(c, (list, tuple)) and c and all(isinstance(m, dict) and {"role", "content"} <= m.keys()
+                                                            for m in c) for c in conversations):
+            raise ValueError("messages must be a conversation (a list of {'role': ..., 'content': ...} dicts) or a "
+                             f"list of conversations, got {messages!r:.60}")
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise ValueError(f"chat_template_kwargs must be a dict or None, got {chat_template_kwargs!r}")
+        texts = [self.tokenizer.apply_chat_template(list(c), tokenize=False, add_generation_prompt=True,
+                                                    **(chat_template_kwargs or {})) for c in conversations]
+        return self.generate([self.tokenizer.encode(t, add_special_tokens=False) for t in texts], sampling_params,
+                             use_tqdm)
+
 
 # %% ../../notebooks/09_request_features.ipynb #check-code
 def check_sampling_params(engine: EngineCore, params: SamplingParams) -> None:
@@ -415,17 +447,6 @@ def fork_completions(engine: LLMEngine, output: StepOutput) -> list[tuple[Sequen
     return started
 
 # %% ../../notebooks/09_request_features.ipynb #d61cd83c
-@patch
-def completion_output(self: LLMEngine, seq: Sequence) -> dict:
-    """One finished completion: its text (special tokens and a stop string left out), token ids (an EOS or
-    stop id kept), why it finished (`finish_reason`, `stop_reason`), and the logprobs it asked for."""
-    state = seq.completion
-    # a stop string's finder holds the text up to the string; otherwise the text of the tokens (08's rule)
-    text = state.stop_strings.text if isinstance(state.stop_reason, str) else decoded_text(self, seq)
-    return {"text": text, "token_ids": seq.completion_token_ids, "finish_reason": seq.finish_reason,
-            "stop_reason": state.stop_reason, "logprobs": state.logprobs, "cumulative_logprob": state.cumulative_logprob}
-
-
 def request_result(engine: LLMEngine, seq: Sequence) -> dict:
     """What `generate` returns for a finished request, as vLLM names it: the completion's fields, and the
     prompt's; `outputs` lists its n completions and the top level repeats the first; `metrics` times it."""
@@ -436,27 +457,3 @@ def request_result(engine: LLMEngine, seq: Sequence) -> dict:
                          "prompt_logprob_ranks": seq.completion.prompt_logprob_ranks, "outputs": outputs,
                          "metrics": request_metrics(seqs)}
 
-
-# %% ../../notebooks/09_request_features.ipynb #chat-code
-@patch
-def chat(self: LLMEngine, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-         use_tqdm: bool = True, chat_template_kwargs: dict | None = None) -> list[dict]:
-    """Replies to one conversation or a list of them (each a list of {"role", "content"} dicts): the
-    tokenizer's chat template renders each with the assistant's turn opened, then `generate` runs the ids.
-    `chat_template_kwargs` go to the template (e.g. {"enable_thinking": False} for Qwen3)."""
-    if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-        raise ValueError(f"chat needs a tokenizer with a chat template and {self.config.model!r} has none; "
-                         "use generate with prompts you format yourself")
-    one = isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], dict)
-    conversations = [messages] if one else messages
-    if not isinstance(conversations, (list, tuple)) or not conversations or not all(
-            isinstance(c, (list, tuple)) and c and all(isinstance(m, dict) and {"role", "content"} <= m.keys()
-                                                        for m in c) for c in conversations):
-        raise ValueError("messages must be a conversation (a list of {'role': ..., 'content': ...} dicts) or a "
-                         f"list of conversations, got {messages!r:.60}")
-    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
-        raise ValueError(f"chat_template_kwargs must be a dict or None, got {chat_template_kwargs!r}")
-    texts = [self.tokenizer.apply_chat_template(list(c), tokenize=False, add_generation_prompt=True,
-                                                **(chat_template_kwargs or {})) for c in conversations]
-    return self.generate([self.tokenizer.encode(t, add_special_tokens=False) for t in texts], sampling_params,
-                         use_tqdm)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
-from fastcore.basics import patch
 from torch import Tensor
 
 from ..config import Config
@@ -64,6 +63,216 @@ class ModelRunner:
         then the other ranks (tensor parallelism's worker processes)."""
         self.forward_pass.close()
         self.ranks.shutdown()
+
+    # %% ../../notebooks/07_model_runner.ipynb #b90c823b
+    def block_bytes(self) -> int:
+        """Bytes of K and V for one block across all layers (this rank's KV heads)."""
+        cfg = self.config.hf_config
+        return 2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * head_dim_of(cfg) * self.dtype.itemsize
+
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads this rank stores: each rank caches the keys and values of its own heads only."""
+        return self.config.hf_config.num_key_value_heads // self.tp_size
+
+    def max_useful_blocks(self) -> int:
+        """Blocks that max_num_seqs sequences of max_model_len tokens could ever hold at once."""
+        return self.config.max_num_seqs * math.ceil(self.config.max_model_len / self.block_size)
+
+    def kv_cache_blocks(self) -> int:
+        """How many blocks the cache gets: `num_kvcache_blocks` when set, else what the memory budget holds (the
+        smallest over the ranks: a block id means the same slots on every rank)."""
+        if self.config.num_kvcache_blocks > 0:
+            return self.config.num_kvcache_blocks
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        budget = self.gpu_kv_budget() if self.device.type == "cuda" else _cpu_kv_budget(weight_bytes)
+        return self.ranks.agree_min(min(budget // self.block_bytes(), self.max_useful_blocks()), self.device)
+
+    def allocate_kv_cache(self) -> int:
+        """Create the cache [2, layers, blocks, block_size, kv_heads, head_dim] and give each attention layer its
+        views (PagedAttention, notebook 04); returns the number of blocks."""
+        cfg = self.config.hf_config
+        num_blocks = self.kv_cache_blocks()
+        if num_blocks < 1:
+            raise ValueError("no memory is left for the KV cache; raise gpu_memory_utilization, lower "
+                             "max_num_batched_tokens, or set num_kvcache_blocks")
+        self.kv_cache = torch.zeros(2, cfg.num_hidden_layers, num_blocks, self.block_size, self.num_kv_heads,
+                                    head_dim_of(cfg), dtype=self.dtype, device=self.device)
+        attach_kv_cache(self.model, self.kv_cache, self.backend)
+        _log.info("KV cache: %d blocks of %d tokens = %.1f MiB on %s", num_blocks, self.block_size,
+                  num_blocks * self.block_bytes() / 2**20, self.device)  # chosen size, for anyone who asks
+        return num_blocks
+
+    # %% ../../notebooks/07_model_runner.ipynb #1a7e4f4e
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        """One forward pass at the full token budget, so its activation peak is measured before sizing the cache."""
+        num_tokens = min(self.config.max_num_batched_tokens, self.config.max_model_len * self.config.max_num_seqs)
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        hidden = self.model(ids, torch.arange(num_tokens, device=self.device) % self.config.max_model_len)
+        self.model.compute_logits(hidden[-self.config.max_num_seqs:])
+
+    def gpu_kv_budget(self) -> int:
+        """Bytes left for the cache: total x utilization - (current use + a warm-up's extra peak)."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        self.warmup()
+        free, total = torch.cuda.mem_get_info()
+        stats = torch.cuda.memory_stats()
+        peak_extra = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
+        return int(total * self.config.gpu_memory_utilization - (total - free) - peak_extra)
+
+    # %% ../../notebooks/07_model_runner.ipynb #83047567
+    def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
+        """Each sequence's scheduled chunk, back to back: tokens, positions, cache slots, and the cumulative
+        lengths that tell attention where each sequence starts; logits only for the prompts that complete."""
+        input_ids, positions, slots, logits_indices = [], [], [], []
+        cu_q, cu_k = [0], [0]
+        for seq in seqs:
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
+            input_ids.extend(seq.token_ids[start:end])
+            pos = np.arange(start, end)
+            positions.append(pos)
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
+            cu_q.append(cu_q[-1] + end - start)
+            cu_k.append(cu_k[-1] + end)
+            if end == seq.num_tokens:  # the prompt is complete: its last position predicts the next token
+                logits_indices.append(cu_q[-1] - 1)
+        cached = any(seq.num_computed_tokens > 0 for seq in seqs)  # some context is read from the cache
+        return StepInputs(
+            True, torch.tensor(input_ids), torch.from_numpy(np.concatenate(positions)),
+            torch.from_numpy(np.concatenate(slots)),
+            block_tables=torch.from_numpy(block_table_array(seqs)) if cached else None,
+            cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32), cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32),
+            max_seqlen_q=max(b - a for a, b in zip(cu_q, cu_q[1:])), max_seqlen_k=max(b - a for a, b in zip(cu_k, cu_k[1:])),
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64))
+
+    # %% ../../notebooks/07_model_runner.ipynb #51931d66
+    def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
+        """One token per sequence: its newest token, at position num_tokens - 1, into the slot after its last."""
+        n, bs = len(seqs), self.block_size
+        table = block_table_array(seqs)
+        input_ids = np.fromiter((seq.last_token for seq in seqs), dtype=np.int64, count=n)
+        context_lens = np.fromiter((seq.num_tokens for seq in seqs), dtype=np.int64, count=n)  # new token included
+        positions = context_lens - 1
+        slots = table[np.arange(n), positions // bs].astype(np.int64) * bs + positions % bs
+        return StepInputs(False, torch.from_numpy(input_ids), torch.from_numpy(positions), torch.from_numpy(slots),
+                          block_tables=torch.from_numpy(table), max_seqlen_k=int(context_lens.max()),
+                          context_lens=torch.from_numpy(context_lens.astype(np.int32)))
+
+    # %% ../../notebooks/07_model_runner.ipynb #mixed-inputs-code
+    def prepare_mixed(self, seqs: list[Sequence], num_decodes: int) -> StepInputs:
+        """A mixed step: the decode rows' inputs (`prepare_decode`), then the chunks' (`prepare_prefill`), in one
+        step; one block table for all, the chunks' rows counted from the step's first (after the decode rows)."""
+        decode, chunks = self.prepare_decode(seqs[:num_decodes]), self.prepare_prefill(seqs[num_decodes:])
+        return StepInputs(
+            True, *(torch.cat([getattr(decode, name), getattr(chunks, name)])
+                    for name in ("input_ids", "positions", "slot_mapping")),
+            block_tables=torch.from_numpy(block_table_array(seqs)), cu_seqlens_q=chunks.cu_seqlens_q + num_decodes,
+            cu_seqlens_k=chunks.cu_seqlens_k, max_seqlen_q=chunks.max_seqlen_q, max_seqlen_k=chunks.max_seqlen_k,
+            context_lens=decode.context_lens, num_decode_rows=num_decodes,
+            logits_indices=torch.cat([torch.arange(num_decodes), chunks.logits_indices + num_decodes]))
+
+    def prepare_step(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
+        """The inputs of a prefill step, a mixed one (decode rows first, then chunks) or a decode step (also when
+        every row of a step with chunks computes one token, its sequence's last: the same computation)."""
+        num_decodes = num_decode_rows(seqs) if is_prefill else len(seqs)
+        if num_decodes == 0:
+            return self.prepare_prefill(seqs)
+        return self.prepare_mixed(seqs, num_decodes) if num_decodes < len(seqs) else self.prepare_decode(seqs)
+
+    # %% ../../notebooks/07_model_runner.ipynb #0c693af6
+    def prepare_sample(self, seqs: list[Sequence]) -> SamplingInputs:
+        """Per-row sampling tensors on the device; top-k/top-p and seeds only when some row asks for them (the
+        sampler then skips that work)."""
+        params = [seq.sampling_params for seq in seqs]
+        vocab = self.config.hf_config.vocab_size
+
+        def tensor(data, dtype):
+            return to_device(data, dtype, self.device)
+
+        out = SamplingInputs(tensor([p.temperature for p in params], torch.float32),
+                             all_greedy=all(p.temperature == 0 for p in params))
+        if any(p.top_k != -1 for p in params):
+            top_ks = [p.top_k if p.top_k != -1 else vocab for p in params]
+            out.top_ks, out.top_k_max = tensor(top_ks, torch.int64), max(top_ks)
+        if any(p.top_p < 1.0 for p in params):
+            out.top_ps = tensor([p.top_p for p in params], torch.float32)
+        seeds = [p.seed if p.seed is not None and p.temperature > 0 else -1 for p in params]  # -1: no seed (or greedy)
+        if max(seeds) >= 0:  # one pass over the batch when no row is seeded, as for the other fields
+            out.seeds = tensor(seeds, torch.int64)
+            out.positions = tensor([seq.num_tokens for seq in seqs], torch.int64)
+            out.seeded_rows = tensor([i for i, seed in enumerate(seeds) if seed >= 0], torch.int64)
+        return self.features.prepare(seqs, out)  # what the rows ask beyond the draw (notebook 09)
+
+
+    # %% ../../notebooks/07_model_runner.ipynb #702c095c
+    def device_inputs(self, step: StepInputs) -> StepInputs:
+        """The step's inputs on this runner's device (with the tokens a carried step left there)."""
+        return self.carry.fill_pending(step.to(self.device))
+
+    def forward(self, step: StepInputs) -> Tensor | None:
+        """Hidden states of every token, then logits for the rows that sample (None on a rank without them)."""
+        hidden = self.forward_pass(step)
+        self.features.score_prompt(hidden, step)  # the prompt positions it asks for (notebook 09)
+        if step.logits_indices is not None:
+            hidden = hidden[step.logits_indices]
+        return self.model.compute_logits(hidden)
+
+    def sample(self, logits: Tensor | None, sampling: SamplingInputs | None) -> Tensor | None:
+        """One token per row of `logits` (a rank without logits samples nothing), drawn by the `features` part:
+        the sampler, with whatever the rows ask around it (notebook 09)."""
+        return None if logits is None else self.features.sample(logits, sampling)
+
+    @torch.inference_mode()
+    def execute(self, step: StepInputs, sampling: SamplingInputs | None = None) -> Tensor | None:
+        """This rank's part of a step, launched without waiting: inputs to the device, forward, sampling.
+        Returns the sampled tokens on the device (None on a rank that does not sample)."""
+        with self.observer.part("prepare"):
+            step = self.device_inputs(step)
+        if step.num_sampled == 0:  # every sequence is mid-way through a chunked prefill: no logits at all
+            with self.observer.part("forward"):
+                self.features.score_prompt(self.forward_pass(step), step)
+            return torch.empty(0, dtype=torch.int64, device=self.device) if self.rank == 0 else None
+        with self.observer.part("forward"):
+            logits = self.forward(step)
+        with self.observer.part("sample"):
+            tokens = self.ranks.share_sampled(self.sample(logits, sampling), step.num_sampled, self.device)
+        self.carry.sampled(tokens)
+        return tokens
+
+    # %% ../../notebooks/07_model_runner.ipynb #38fb65e7
+    def launch(self, seqs: list[Sequence], is_prefill: bool) -> "StepOutput":
+        """Start one engine step on the device and return at once; its tokens arrive later (`token_ids`)."""
+        with self.observer.part("prepare"):
+            step = self.prepare_step(seqs, is_prefill)
+            step, scored = self.features.prompt_rows(step, seqs) if is_prefill else (step, [])  # 09: prompt logprobs
+            step = self.carry.mark_pending(step, seqs)  # 12: decode rows whose token is still on the device
+            sampled = [seq for seq in seqs if seq.num_computed_tokens + seq.num_scheduled_tokens == seq.num_tokens]
+            forks = [(row, seq, child) for row, seq in enumerate(sampled) for child in waiting_forks(seq)] if is_prefill else []
+            if forks:  # a prompt with n > 1 just finished: its other completions sample from the same logits row
+                rows = step.logits_indices if step.logits_indices is not None else torch.arange(len(sampled))
+                step.logits_indices = torch.cat([rows, rows[[row for row, _, _ in forks]]])
+            sampling = self.prepare_sample(sampled + [child for _, _, child in forks]) if sampled else None
+        tokens = self.ranks.run_step(lambda: self.execute(step, sampling), step)
+        logprobs, prompt_logprobs = self.features.take_logprobs()
+        self.carry.launched(sampled)
+        return StepOutput.launched(sampled, tokens, logprobs, [(seq, child) for _, seq, child in forks],
+                                   (scored, prompt_logprobs) if scored else None)
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy KV-cache blocks, in order with the steps launched, on every rank (each holds its shard of them)."""
+        self.ranks.call(copy_kv_blocks, self, pairs)
+
+    def token_ids(self, output: "StepOutput") -> list[int]:
+        """Wait for a launched step's tokens."""
+        with self.observer.part("sample"):
+            return output.token_ids(self.ranks.wait)
+
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        """One step, waited for: the token ids of the sequences that sample (prompt complete, or decoding)."""
+        return self.token_ids(self.launch(seqs, is_prefill))
 
 # %% ../../notebooks/07_model_runner.ipynb #runner-parts-code
 class LocalRanks:
@@ -191,75 +400,6 @@ def _cpu_kv_budget(weight_bytes: int) -> int:
         ram = 8 << 30
     return min(CPU_KV_BUDGET_BYTES, ram // 8, max(CPU_KV_MIN_BYTES, 4 * weight_bytes))
 
-
-@patch
-def block_bytes(self: ModelRunner) -> int:
-    """Bytes of K and V for one block across all layers (this rank's KV heads)."""
-    cfg = self.config.hf_config
-    return 2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * head_dim_of(cfg) * self.dtype.itemsize
-
-
-@patch(as_prop=True)
-def num_kv_heads(self: ModelRunner) -> int:
-    """KV heads this rank stores: each rank caches the keys and values of its own heads only."""
-    return self.config.hf_config.num_key_value_heads // self.tp_size
-
-
-@patch
-def max_useful_blocks(self: ModelRunner) -> int:
-    """Blocks that max_num_seqs sequences of max_model_len tokens could ever hold at once."""
-    return self.config.max_num_seqs * math.ceil(self.config.max_model_len / self.block_size)
-
-
-@patch
-def kv_cache_blocks(self: ModelRunner) -> int:
-    """How many blocks the cache gets: `num_kvcache_blocks` when set, else what the memory budget holds (the
-    smallest over the ranks: a block id means the same slots on every rank)."""
-    if self.config.num_kvcache_blocks > 0:
-        return self.config.num_kvcache_blocks
-    weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-    budget = self.gpu_kv_budget() if self.device.type == "cuda" else _cpu_kv_budget(weight_bytes)
-    return self.ranks.agree_min(min(budget // self.block_bytes(), self.max_useful_blocks()), self.device)
-
-
-@patch
-def allocate_kv_cache(self: ModelRunner) -> int:
-    """Create the cache [2, layers, blocks, block_size, kv_heads, head_dim] and give each attention layer its
-    views (PagedAttention, notebook 04); returns the number of blocks."""
-    cfg = self.config.hf_config
-    num_blocks = self.kv_cache_blocks()
-    if num_blocks < 1:
-        raise ValueError("no memory is left for the KV cache; raise gpu_memory_utilization, lower "
-                         "max_num_batched_tokens, or set num_kvcache_blocks")
-    self.kv_cache = torch.zeros(2, cfg.num_hidden_layers, num_blocks, self.block_size, self.num_kv_heads,
-                                head_dim_of(cfg), dtype=self.dtype, device=self.device)
-    attach_kv_cache(self.model, self.kv_cache, self.backend)
-    _log.info("KV cache: %d blocks of %d tokens = %.1f MiB on %s", num_blocks, self.block_size,
-              num_blocks * self.block_bytes() / 2**20, self.device)  # chosen size, for anyone who asks
-    return num_blocks
-
-# %% ../../notebooks/07_model_runner.ipynb #1a7e4f4e
-@patch
-@torch.inference_mode()
-def warmup(self: ModelRunner) -> None:
-    """One forward pass at the full token budget, so its activation peak is measured before sizing the cache."""
-    num_tokens = min(self.config.max_num_batched_tokens, self.config.max_model_len * self.config.max_num_seqs)
-    ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-    hidden = self.model(ids, torch.arange(num_tokens, device=self.device) % self.config.max_model_len)
-    self.model.compute_logits(hidden[-self.config.max_num_seqs:])
-
-
-@patch
-def gpu_kv_budget(self: ModelRunner) -> int:
-    """Bytes left for the cache: total x utilization - (current use + a warm-up's extra peak)."""
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    self.warmup()
-    free, total = torch.cuda.mem_get_info()
-    stats = torch.cuda.memory_stats()
-    peak_extra = stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
-    return int(total * self.config.gpu_memory_utilization - (total - free) - peak_extra)
-
 # %% ../../notebooks/07_model_runner.ipynb #83047567
 def block_table_array(seqs: list[Sequence]) -> np.ndarray:
     """Block tables as one [B, max_blocks] int32 array, -1 padded, filled without a per-row Python loop."""
@@ -268,47 +408,6 @@ def block_table_array(seqs: list[Sequence]) -> np.ndarray:
     table[np.arange(table.shape[1]) < lens[:, None]] = np.fromiter(
         (b for seq in seqs for b in seq.block_table), dtype=np.int32, count=int(lens.sum()))
     return table
-
-
-@patch
-def prepare_prefill(self: ModelRunner, seqs: list[Sequence]) -> StepInputs:
-    """Each sequence's scheduled chunk, back to back: tokens, positions, cache slots, and the cumulative
-    lengths that tell attention where each sequence starts; logits only for the prompts that complete."""
-    input_ids, positions, slots, logits_indices = [], [], [], []
-    cu_q, cu_k = [0], [0]
-    for seq in seqs:
-        start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
-        input_ids.extend(seq.token_ids[start:end])
-        pos = np.arange(start, end)
-        positions.append(pos)
-        table = np.asarray(seq.block_table, dtype=np.int64)
-        slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
-        cu_q.append(cu_q[-1] + end - start)
-        cu_k.append(cu_k[-1] + end)
-        if end == seq.num_tokens:  # the prompt is complete: its last position predicts the next token
-            logits_indices.append(cu_q[-1] - 1)
-    cached = any(seq.num_computed_tokens > 0 for seq in seqs)  # some context is read from the cache
-    return StepInputs(
-        True, torch.tensor(input_ids), torch.from_numpy(np.concatenate(positions)),
-        torch.from_numpy(np.concatenate(slots)),
-        block_tables=torch.from_numpy(block_table_array(seqs)) if cached else None,
-        cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32), cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32),
-        max_seqlen_q=max(b - a for a, b in zip(cu_q, cu_q[1:])), max_seqlen_k=max(b - a for a, b in zip(cu_k, cu_k[1:])),
-        logits_indices=torch.tensor(logits_indices, dtype=torch.int64))
-
-# %% ../../notebooks/07_model_runner.ipynb #51931d66
-@patch
-def prepare_decode(self: ModelRunner, seqs: list[Sequence]) -> StepInputs:
-    """One token per sequence: its newest token, at position num_tokens - 1, into the slot after its last."""
-    n, bs = len(seqs), self.block_size
-    table = block_table_array(seqs)
-    input_ids = np.fromiter((seq.last_token for seq in seqs), dtype=np.int64, count=n)
-    context_lens = np.fromiter((seq.num_tokens for seq in seqs), dtype=np.int64, count=n)  # new token included
-    positions = context_lens - 1
-    slots = table[np.arange(n), positions // bs].astype(np.int64) * bs + positions % bs
-    return StepInputs(False, torch.from_numpy(input_ids), torch.from_numpy(positions), torch.from_numpy(slots),
-                      block_tables=torch.from_numpy(table), max_seqlen_k=int(context_lens.max()),
-                      context_lens=torch.from_numpy(context_lens.astype(np.int32)))
 
 # %% ../../notebooks/07_model_runner.ipynb #mixed-inputs-code
 def is_decode_row(seq: Sequence) -> bool:
@@ -323,98 +422,6 @@ def num_decode_rows(seqs: list[Sequence]) -> int:
     while n < len(seqs) and is_decode_row(seqs[n]):
         n += 1
     return n
-
-
-@patch
-def prepare_mixed(self: ModelRunner, seqs: list[Sequence], num_decodes: int) -> StepInputs:
-    """A mixed step: the decode rows' inputs (`prepare_decode`), then the chunks' (`prepare_prefill`), in one
-    step; one block table for all, the chunks' rows counted from the step's first (after the decode rows)."""
-    decode, chunks = self.prepare_decode(seqs[:num_decodes]), self.prepare_prefill(seqs[num_decodes:])
-    return StepInputs(
-        True, *(torch.cat([getattr(decode, name), getattr(chunks, name)])
-                for name in ("input_ids", "positions", "slot_mapping")),
-        block_tables=torch.from_numpy(block_table_array(seqs)), cu_seqlens_q=chunks.cu_seqlens_q + num_decodes,
-        cu_seqlens_k=chunks.cu_seqlens_k, max_seqlen_q=chunks.max_seqlen_q, max_seqlen_k=chunks.max_seqlen_k,
-        context_lens=decode.context_lens, num_decode_rows=num_decodes,
-        logits_indices=torch.cat([torch.arange(num_decodes), chunks.logits_indices + num_decodes]))
-
-
-@patch
-def prepare_step(self: ModelRunner, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
-    """The inputs of a prefill step, a mixed one (decode rows first, then chunks) or a decode step (also when
-    every row of a step with chunks computes one token, its sequence's last: the same computation)."""
-    num_decodes = num_decode_rows(seqs) if is_prefill else len(seqs)
-    if num_decodes == 0:
-        return self.prepare_prefill(seqs)
-    return self.prepare_mixed(seqs, num_decodes) if num_decodes < len(seqs) else self.prepare_decode(seqs)
-
-# %% ../../notebooks/07_model_runner.ipynb #0c693af6
-@patch
-def prepare_sample(self: ModelRunner, seqs: list[Sequence]) -> SamplingInputs:
-    """Per-row sampling tensors on the device; top-k/top-p and seeds only when some row asks for them (the
-    sampler then skips that work)."""
-    params = [seq.sampling_params for seq in seqs]
-    vocab = self.config.hf_config.vocab_size
-
-    def tensor(data, dtype):
-        return to_device(data, dtype, self.device)
-
-    out = SamplingInputs(tensor([p.temperature for p in params], torch.float32),
-                         all_greedy=all(p.temperature == 0 for p in params))
-    if any(p.top_k != -1 for p in params):
-        top_ks = [p.top_k if p.top_k != -1 else vocab for p in params]
-        out.top_ks, out.top_k_max = tensor(top_ks, torch.int64), max(top_ks)
-    if any(p.top_p < 1.0 for p in params):
-        out.top_ps = tensor([p.top_p for p in params], torch.float32)
-    seeds = [p.seed if p.seed is not None and p.temperature > 0 else -1 for p in params]  # -1: no seed (or greedy)
-    if max(seeds) >= 0:  # one pass over the batch when no row is seeded, as for the other fields
-        out.seeds = tensor(seeds, torch.int64)
-        out.positions = tensor([seq.num_tokens for seq in seqs], torch.int64)
-        out.seeded_rows = tensor([i for i, seed in enumerate(seeds) if seed >= 0], torch.int64)
-    return self.features.prepare(seqs, out)  # what the rows ask beyond the draw (notebook 09)
-
-
-# %% ../../notebooks/07_model_runner.ipynb #702c095c
-@patch
-def device_inputs(self: ModelRunner, step: StepInputs) -> StepInputs:
-    """The step's inputs on this runner's device (with the tokens a carried step left there)."""
-    return self.carry.fill_pending(step.to(self.device))
-
-
-@patch
-def forward(self: ModelRunner, step: StepInputs) -> Tensor | None:
-    """Hidden states of every token, then logits for the rows that sample (None on a rank without them)."""
-    hidden = self.forward_pass(step)
-    self.features.score_prompt(hidden, step)  # the prompt positions it asks for (notebook 09)
-    if step.logits_indices is not None:
-        hidden = hidden[step.logits_indices]
-    return self.model.compute_logits(hidden)
-
-
-@patch
-def sample(self: ModelRunner, logits: Tensor | None, sampling: SamplingInputs | None) -> Tensor | None:
-    """One token per row of `logits` (a rank without logits samples nothing), drawn by the `features` part:
-    the sampler, with whatever the rows ask around it (notebook 09)."""
-    return None if logits is None else self.features.sample(logits, sampling)
-
-
-@patch
-@torch.inference_mode()
-def execute(self: ModelRunner, step: StepInputs, sampling: SamplingInputs | None = None) -> Tensor | None:
-    """This rank's part of a step, launched without waiting: inputs to the device, forward, sampling.
-    Returns the sampled tokens on the device (None on a rank that does not sample)."""
-    with self.observer.part("prepare"):
-        step = self.device_inputs(step)
-    if step.num_sampled == 0:  # every sequence is mid-way through a chunked prefill: no logits at all
-        with self.observer.part("forward"):
-            self.features.score_prompt(self.forward_pass(step), step)
-        return torch.empty(0, dtype=torch.int64, device=self.device) if self.rank == 0 else None
-    with self.observer.part("forward"):
-        logits = self.forward(step)
-    with self.observer.part("sample"):
-        tokens = self.ranks.share_sampled(self.sample(logits, sampling), step.num_sampled, self.device)
-    self.carry.sampled(tokens)
-    return tokens
 
 # %% ../../notebooks/07_model_runner.ipynb #d4834454
 def pinned_copy(t: Tensor) -> Tensor:
@@ -466,26 +473,6 @@ class StepOutput:
                 for row, lp, ids, lps in zip(rows, sampled, top_ids, top_logprobs)}
 
 # %% ../../notebooks/07_model_runner.ipynb #38fb65e7
-@patch
-def launch(self: ModelRunner, seqs: list[Sequence], is_prefill: bool) -> StepOutput:
-    """Start one engine step on the device and return at once; its tokens arrive later (`token_ids`)."""
-    with self.observer.part("prepare"):
-        step = self.prepare_step(seqs, is_prefill)
-        step, scored = self.features.prompt_rows(step, seqs) if is_prefill else (step, [])  # 09: prompt logprobs
-        step = self.carry.mark_pending(step, seqs)  # 12: decode rows whose token is still on the device
-        sampled = [seq for seq in seqs if seq.num_computed_tokens + seq.num_scheduled_tokens == seq.num_tokens]
-        forks = [(row, seq, child) for row, seq in enumerate(sampled) for child in waiting_forks(seq)] if is_prefill else []
-        if forks:  # a prompt with n > 1 just finished: its other completions sample from the same logits row
-            rows = step.logits_indices if step.logits_indices is not None else torch.arange(len(sampled))
-            step.logits_indices = torch.cat([rows, rows[[row for row, _, _ in forks]]])
-        sampling = self.prepare_sample(sampled + [child for _, _, child in forks]) if sampled else None
-    tokens = self.ranks.run_step(lambda: self.execute(step, sampling), step)
-    logprobs, prompt_logprobs = self.features.take_logprobs()
-    self.carry.launched(sampled)
-    return StepOutput.launched(sampled, tokens, logprobs, [(seq, child) for _, seq, child in forks],
-                               (scored, prompt_logprobs) if scored else None)
-
-
 def waiting_forks(seq: Sequence) -> list[Sequence]:
     """The sequences waiting for `seq`'s prompt to finish (a request with n > 1: notebook 09's `LLMEngine`
     attaches them)."""
@@ -496,22 +483,3 @@ def copy_kv_blocks(runner: "ModelRunner", pairs: list[tuple[int, int]]) -> None:
     """Copy the keys and values of block `src` into block `dst` in every layer, for each (src, dst)."""
     src, dst = (list(ids) for ids in zip(*pairs))
     runner.kv_cache[:, :, dst] = runner.kv_cache[:, :, src]
-
-
-@patch
-def copy_blocks(self: ModelRunner, pairs: list[tuple[int, int]]) -> None:
-    """Copy KV-cache blocks, in order with the steps launched, on every rank (each holds its shard of them)."""
-    self.ranks.call(copy_kv_blocks, self, pairs)
-
-
-@patch
-def token_ids(self: ModelRunner, output: StepOutput) -> list[int]:
-    """Wait for a launched step's tokens."""
-    with self.observer.part("sample"):
-        return output.token_ids(self.ranks.wait)
-
-
-@patch
-def run(self: ModelRunner, seqs: list[Sequence], is_prefill: bool) -> list[int]:
-    """One step, waited for: the token ids of the sequences that sample (prompt complete, or decoding)."""
-    return self.token_ids(self.launch(seqs, is_prefill))

@@ -70,40 +70,34 @@ class PrefixCachingBlockManager(BlockManager):
                     del self.hash_to_block_id[block.hash]
                 block.hash, block.token_ids = -1, []
 
-# %% ../../notebooks/05_prefix_hashing.ipynb #lookup-code
-from fastcore.basics import patch
+    # %% ../../notebooks/05_prefix_hashing.ipynb #lookup-code
+    def lookup(self, seq: Sequence) -> list[tuple[int, int]]:
+        """(chained hash, cached block id) of each full block of `seq` before its last token, in order;
+        the block id is -1 from the first miss on (a miss, or a hash collision the stored tokens expose)."""
+        out, h, missed = [], -1, False
+        for i in range((seq.num_tokens - 1) // self.block_size):
+            token_ids = seq.block(i)
+            h = compute_block_hash(token_ids, h)
+            block_id = -1 if missed else self.hash_to_block_id.get(h, -1)
+            if block_id != -1 and self.blocks[block_id].token_ids != token_ids:
+                block_id = -1
+            missed = block_id == -1
+            out.append((h, block_id))
+        return out
 
+    def _match_prefix(self, seq: Sequence) -> list[int]:
+        """Ids of cached blocks holding `seq`'s leading full blocks (never its last token). A request that asks
+        for prompt logprobs (notebook 09) takes no hits: every prompt position must pass through the model."""
+        if seq.sampling_params.prompt_logprobs is not None:
+            return []
+        return [block_id for _, block_id in self.lookup(seq) if block_id != -1]
 
-@patch
-def lookup(self: PrefixCachingBlockManager, seq: Sequence) -> list[tuple[int, int]]:
-    """(chained hash, cached block id) of each full block of `seq` before its last token, in order;
-    the block id is -1 from the first miss on (a miss, or a hash collision the stored tokens expose)."""
-    out, h, missed = [], -1, False
-    for i in range((seq.num_tokens - 1) // self.block_size):
-        token_ids = seq.block(i)
-        h = compute_block_hash(token_ids, h)
-        block_id = -1 if missed else self.hash_to_block_id.get(h, -1)
-        if block_id != -1 and self.blocks[block_id].token_ids != token_ids:
-            block_id = -1
-        missed = block_id == -1
-        out.append((h, block_id))
-    return out
-
-@patch
-def _match_prefix(self: PrefixCachingBlockManager, seq: Sequence) -> list[int]:
-    """Ids of cached blocks holding `seq`'s leading full blocks (never its last token). A request that asks
-    for prompt logprobs (notebook 09) takes no hits: every prompt position must pass through the model."""
-    if seq.sampling_params.prompt_logprobs is not None:
-        return []
-    return [block_id for _, block_id in self.lookup(seq) if block_id != -1]
-
-# %% ../../notebooks/05_prefix_hashing.ipynb #3db74d25
-@patch
-def _revive_block(self: PrefixCachingBlockManager, block: Block) -> None:
-    """Take a freed block that still holds wanted content back from the pool, content intact."""
-    self.free_block_ids.remove(block.block_id)
-    block.ref_count = 1
-    self.used_block_ids.add(block.block_id)
+    # %% ../../notebooks/05_prefix_hashing.ipynb #3db74d25
+    def _revive_block(self, block: Block) -> None:
+        """Take a freed block that still holds wanted content back from the pool, content intact."""
+        self.free_block_ids.remove(block.block_id)
+        block.ref_count = 1
+        self.used_block_ids.add(block.block_id)
 
 
 def allocate_with_hits(manager: PrefixCachingBlockManager, seq: Sequence) -> None:

@@ -56,112 +56,227 @@ class Scheduler:
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
 
-# %% ../../notebooks/06_scheduler.ipynb #8806c8bd
-from fastcore.basics import patch
+    # %% ../../notebooks/06_scheduler.ipynb #8806c8bd
+    def _schedule_prefill(self) -> list[Sequence]:
+        budget, scheduled = self.max_num_batched_tokens, []
+        if self.prefilling is not None:  # finish the partly prefilled prompt first
+            seq = self.prefilling
+            budget -= self._schedule_chunk(seq, budget)
+            scheduled.append(seq)
+            if self.prefilling is not None:  # still not done: it used the whole budget
+                return scheduled
+        return scheduled + self._admit(budget, self._schedule_chunk)
 
+    def _admit(self, budget: int, schedule_chunk) -> list[Sequence]:
+        """Admit prompts from the head of `waiting` while blocks, `max_num_seqs` and `budget` allow, each with its
+        first chunk (`schedule_chunk(seq, budget)` returns the tokens it took); returns them."""
+        bm, admitted = self.block_manager, []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not bm.can_allocate(seq):
+                break
+            bm.allocate(seq)  # sets num_computed_tokens to the prefix-cache hit
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            budget -= schedule_chunk(seq, budget)
+            admitted.append(seq)
+        return admitted
 
-@patch
-def _schedule_prefill(self: Scheduler) -> list[Sequence]:
-    budget, scheduled = self.max_num_batched_tokens, []
-    if self.prefilling is not None:  # finish the partly prefilled prompt first
-        seq = self.prefilling
-        budget -= self._schedule_chunk(seq, budget)
-        scheduled.append(seq)
-        if self.prefilling is not None:  # still not done: it used the whole budget
-            return scheduled
-    return scheduled + self._admit(budget, self._schedule_chunk)
+    def _schedule_chunk(self, seq: Sequence, budget: int) -> int:
+        """Schedule as much of `seq`'s uncomputed tokens as `budget` allows; remember it if unfinished."""
+        remaining = seq.num_tokens - seq.num_computed_tokens
+        seq.num_scheduled_tokens = min(remaining, budget)
+        self.prefilling = seq if seq.num_scheduled_tokens < remaining else None
+        return seq.num_scheduled_tokens
 
+    # %% ../../notebooks/06_scheduler.ipynb #f6342c08
+    def _schedule_decode(self) -> list[Sequence]:
+        """One token for every running sequence that has computed all but its newest token, oldest first; one
+        that cannot get a block preempts the newest running sequence (or itself, when it is the newest)."""
+        bm, scheduled = self.block_manager, []
+        limit = min(self.max_num_seqs, self.max_num_batched_tokens)
+        for seq in list(self.running):
+            if len(scheduled) == limit:
+                break
+            if seq.status != SequenceStatus.RUNNING or seq.num_tokens - seq.num_computed_tokens != 1:
+                continue  # preempted just now, or a prompt part-way through its prefill (a mixed step's chunk)
+            while not bm.can_append(seq):
+                victim = self.running.pop()  # the newest has the least work to lose
+                self.preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                bm.may_append(seq)
+                seq.num_scheduled_tokens = 1
+                scheduled.append(seq)
+        # the step's rows go longest context first: the attention kernel then starts the longest rows' work first.
+        # A prompt whose one remaining token is its last (a mixed step's) goes after the true decodes: it computes
+        # like a decode but has no token being sampled, so the runner counts it as a chunk
+        return sorted(scheduled, key=lambda seq: (seq.num_completion_tokens == 0, -seq.num_tokens))
 
-@patch
-def _admit(self: Scheduler, budget: int, schedule_chunk) -> list[Sequence]:
-    """Admit prompts from the head of `waiting` while blocks, `max_num_seqs` and `budget` allow, each with its
-    first chunk (`schedule_chunk(seq, budget)` returns the tokens it took); returns them."""
-    bm, admitted = self.block_manager, []
-    while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-        seq = self.waiting[0]
-        if not bm.can_allocate(seq):
-            break
-        bm.allocate(seq)  # sets num_computed_tokens to the prefix-cache hit
-        self.waiting.popleft()
+    # %% ../../notebooks/06_scheduler.ipynb #c4f8e381
+    def schedule(self) -> tuple[list[Sequence], bool]:
+        """The next step's sequences and whether it is a prefill step."""
+        if self.is_finished():
+            return [], False
+        if self.mixed_steps:
+            return self._schedule_mixed()
+        seqs = self._schedule_prefill()
+        if seqs:
+            return seqs, True
+        seqs = self._schedule_decode()
+        if seqs:
+            return seqs, False
+        seqs = self._schedule_prefill()  # decode preempted everyone: their recompute can start now
+        if seqs:
+            return seqs, True
+        raise RuntimeError(self._stuck_message())
+
+    def _stuck_message(self) -> str:
+        bm, head = self.block_manager, self.waiting[0] if self.waiting else None
+        need = f"the next request needs {head.num_blocks} blocks" if head else "no request is waiting"
+        return (f"scheduler cannot make progress: {len(self.waiting)} waiting, {len(self.running)} running, "
+                f"{need}, {bm.num_free_blocks} of {bm.num_blocks} blocks are free. Blocks are held outside the "
+                f"scheduler, or a request was added without check_can_fit; raise num_kvcache_blocks")
+
+    # %% ../../notebooks/06_scheduler.ipynb #33a3ab82
+    def preempt(self, seq: Sequence) -> None:
+        """Free all of `seq`'s blocks and queue it first; its prompt + completion is recomputed later."""
+        self.block_manager.deallocate(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = seq.num_scheduled_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # %% ../../notebooks/06_scheduler.ipynb #68d121e8
+    def reserve(self, seqs: list[Sequence]) -> list[tuple[Sequence, int]]:
+        """The half of postprocess that needs no token id: advance `num_computed_tokens`, give each sequence that
+        gets a token a placeholder, finish those that reach max_tokens or max_model_len ("length"). Returns
+        (sequence, placeholder index) pairs for `commit`."""
+        pending = []
+        for seq in seqs:
+            seq.num_computed_tokens += seq.num_scheduled_tokens
+            seq.num_scheduled_tokens = 0
+            if seq.num_computed_tokens < seq.num_tokens:  # mid-way through a chunked prefill: no token yet
+                continue
+            pending.append((seq, append_placeholder(seq)))
+            if seq.num_completion_tokens >= seq.sampling_params.max_tokens or seq.num_tokens >= self.max_model_len:
+                self._finish(seq, "length")
+        return pending
+
+    def commit(self, pending: list[tuple[Sequence, int]], token_ids: list[int]) -> list[Sequence]:
+        """The half that needs the ids: fill the placeholders; an EOS stops its sequence there ("stop", also over
+        a "length" finish). A token after a stop is void (notebook 12 plans ahead). Returns the finished ones."""
+        if len(token_ids) != len(pending):
+            raise ValueError(f"commit got {len(token_ids)} tokens for {len(pending)} placeholders")
+        finished = []
+        for (seq, index), token in zip(pending, token_ids):
+            if index >= seq.num_tokens:  # the sequence stopped at an earlier token: this one is void
+                continue
+            fill_placeholder(seq, index, token)
+            if token in self.eos_token_ids and not seq.sampling_params.ignore_eos:
+                self.stop(seq, index)
+            if seq.is_finished and index == seq.num_tokens - 1:
+                finished.append(seq)
+        return finished
+
+    def stop(self, seq: Sequence, index: int) -> None:
+        """End `seq` with "stop" after its newest known token, `index`; placeholders after it are dropped."""
+        if any(token != PENDING_TOKEN for token in seq.token_ids[index + 1:]):
+            raise ValueError(f"stop: token {index} is not the newest known token of sequence {seq.seq_id}")
+        del seq.token_ids[index + 1:]
+        seq.num_tokens, seq.last_token = index + 1, seq.token_ids[index]
+        if seq.is_finished:  # it reached its length with this very token: the stop names the reason
+            seq.finish_reason = "stop"
+        else:
+            self._finish(seq, "stop")
+
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
+        """Advance `seqs` after a step whose tokens are known: `reserve`, then `commit`. `token_ids` holds a token
+        per sequence whose prompt is complete (or one per scheduled sequence). Returns the finished sequences."""
+        done = [seq.num_computed_tokens + seq.num_scheduled_tokens >= seq.num_tokens for seq in seqs]
+        if len(token_ids) == len(seqs):  # one entry per sequence: drop those of mid-prefill ones
+            token_ids = [t for t, d in zip(token_ids, done) if d]
+        if len(token_ids) != sum(done):
+            raise ValueError(f"postprocess got {len(token_ids)} tokens for {sum(done)} sequences that completed "
+                             f"their prefill or decoded ({len(seqs)} scheduled)")
+        return self.commit(self.reserve(seqs), token_ids)
+
+    # %% ../../notebooks/06_scheduler.ipynb #finish-code
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.block_manager.deallocate(seq)
+        # running, as a rule; waiting when it was preempted before the token that ends it (a fork with no free
+        # block, notebook 09)
+        (self.running if seq in self.running else self.waiting).remove(seq)
+
+    def abort(self, seqs: list[Sequence] | None = None) -> list[Sequence]:
+        """Drop `seqs` (None: every request) wherever they are (waiting, running, the half-prefilled slot), free
+        their blocks and finish them with "abort"; the others run on. Call it between steps. Returns them."""
+        dropped = [*self.running, *self.waiting] if seqs is None else [seq for seq in seqs if not seq.is_finished]
+        for seq in dropped:
+            (self.running if seq in self.running else self.waiting).remove(seq)
+            if self.prefilling is seq:
+                self.prefilling = None
+            self.block_manager.deallocate(seq)  # a waiting request holds none: a no-op
+            seq.status, seq.finish_reason, seq.num_scheduled_tokens = SequenceStatus.FINISHED, "abort", 0
+        return dropped
+
+    def abort_all(self) -> None:
+        """Drop every request (after an error mid-generate), leaving the scheduler empty."""
+        self.abort()
+
+    # %% ../../notebooks/06_scheduler.ipynb #stop-code
+    def start_running(self, seq: Sequence, token_id: int, has_blocks: bool) -> None:
+        """Run `seq`, whose prompt is already in its blocks (a fork, notebook 09), from its first token `token_id`
+        (EOS or max_tokens may end it at once); without all its blocks (`has_blocks` False) it is preempted."""
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
-        budget -= schedule_chunk(seq, budget)
-        admitted.append(seq)
-    return admitted
+        self.postprocess([seq], [token_id])
+        if not has_blocks and not seq.is_finished:
+            self.running.remove(seq)
+            self.preempt(seq)  # recomputed later, like any preempted sequence
 
+    # %% ../../notebooks/06_scheduler.ipynb #mixed-code
+    def _schedule_mixed(self) -> tuple[list[Sequence], bool]:
+        """One mixed step: the running decodes first, one token each; then prefill chunks fill the rest of the
+        token budget, prompts already part-way first, then new ones, each at most `chunk_cap` tokens. Returns
+        the decodes then the chunks, and whether there are chunks."""
+        num_preemptions = self.num_preemptions
+        decodes = self._schedule_decode()
+        # a step that had to preempt admits no one (they would take the blocks just freed), unless nothing else runs
+        admit = self.num_preemptions == num_preemptions or not decodes
+        chunks = self._schedule_chunks(self.max_num_batched_tokens - len(decodes), admit)
+        if not decodes and not chunks:
+            raise RuntimeError(self._stuck_message())
+        return decodes + chunks, bool(chunks)
 
-@patch
-def _schedule_chunk(self: Scheduler, seq: Sequence, budget: int) -> int:
-    """Schedule as much of `seq`'s uncomputed tokens as `budget` allows; remember it if unfinished."""
-    remaining = seq.num_tokens - seq.num_computed_tokens
-    seq.num_scheduled_tokens = min(remaining, budget)
-    self.prefilling = seq if seq.num_scheduled_tokens < remaining else None
-    return seq.num_scheduled_tokens
+    def _schedule_chunks(self, budget: int, admit: bool = True) -> list[Sequence]:
+        """Prefill chunks within `budget` tokens: the running prompts' next chunks, then (if `admit`) new prompts
+        from the waiting queue while blocks and max_num_seqs allow."""
+        scheduled = []
+        for seq in self.running:
+            if budget == 0:
+                return scheduled
+            if seq.num_scheduled_tokens == 0 and seq.num_tokens - seq.num_computed_tokens > 1:
+                budget -= self._schedule_capped_chunk(seq, budget)
+                scheduled.append(seq)
+        return scheduled + (self._admit(budget, self._schedule_capped_chunk) if admit else [])
 
-# %% ../../notebooks/06_scheduler.ipynb #f6342c08
-@patch
-def _schedule_decode(self: Scheduler) -> list[Sequence]:
-    """One token for every running sequence that has computed all but its newest token, oldest first; one
-    that cannot get a block preempts the newest running sequence (or itself, when it is the newest)."""
-    bm, scheduled = self.block_manager, []
-    limit = min(self.max_num_seqs, self.max_num_batched_tokens)
-    for seq in list(self.running):
-        if len(scheduled) == limit:
-            break
-        if seq.status != SequenceStatus.RUNNING or seq.num_tokens - seq.num_computed_tokens != 1:
-            continue  # preempted just now, or a prompt part-way through its prefill (a mixed step's chunk)
-        while not bm.can_append(seq):
-            victim = self.running.pop()  # the newest has the least work to lose
-            self.preempt(victim)
-            if victim is seq:
-                break
-        else:
-            bm.may_append(seq)
-            seq.num_scheduled_tokens = 1
-            scheduled.append(seq)
-    # the step's rows go longest context first: the attention kernel then starts the longest rows' work first.
-    # A prompt whose one remaining token is its last (a mixed step's) goes after the true decodes: it computes
-    # like a decode but has no token being sampled, so the runner counts it as a chunk
-    return sorted(scheduled, key=lambda seq: (seq.num_completion_tokens == 0, -seq.num_tokens))
-
-# %% ../../notebooks/06_scheduler.ipynb #c4f8e381
-@patch
-def schedule(self: Scheduler) -> tuple[list[Sequence], bool]:
-    """The next step's sequences and whether it is a prefill step."""
-    if self.is_finished():
-        return [], False
-    if self.mixed_steps:
-        return self._schedule_mixed()
-    seqs = self._schedule_prefill()
-    if seqs:
-        return seqs, True
-    seqs = self._schedule_decode()
-    if seqs:
-        return seqs, False
-    seqs = self._schedule_prefill()  # decode preempted everyone: their recompute can start now
-    if seqs:
-        return seqs, True
-    raise RuntimeError(self._stuck_message())
-
-
-@patch
-def _stuck_message(self: Scheduler) -> str:
-    bm, head = self.block_manager, self.waiting[0] if self.waiting else None
-    need = f"the next request needs {head.num_blocks} blocks" if head else "no request is waiting"
-    return (f"scheduler cannot make progress: {len(self.waiting)} waiting, {len(self.running)} running, "
-            f"{need}, {bm.num_free_blocks} of {bm.num_blocks} blocks are free. Blocks are held outside the "
-            f"scheduler, or a request was added without check_can_fit; raise num_kvcache_blocks")
-
-# %% ../../notebooks/06_scheduler.ipynb #33a3ab82
-@patch
-def preempt(self: Scheduler, seq: Sequence) -> None:
-    """Free all of `seq`'s blocks and queue it first; its prompt + completion is recomputed later."""
-    self.block_manager.deallocate(seq)
-    seq.status = SequenceStatus.WAITING
-    seq.num_computed_tokens = seq.num_scheduled_tokens = 0
-    seq.num_preemptions += 1
-    self.num_preemptions += 1
-    self.waiting.appendleft(seq)
+    def _schedule_capped_chunk(self, seq: Sequence, budget: int) -> int:
+        """Schedule the next at most `chunk_cap` of `seq`'s uncomputed tokens within `budget`; returns how many."""
+        seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget, self.chunk_cap)
+        # Prefix caching (notebook 05) publishes a prompt's full blocks when it allocates them. With separate steps
+        # nobody is admitted before the prompt's last chunk, but here a prompt admitted next (even in this step)
+        # could hit blocks that later chunks compute: offer only what this step computes (each layer stores
+        # before it attends, so blocks filled in this step may be shared within it).
+        computed = seq.num_computed_tokens + seq.num_scheduled_tokens
+        self.block_manager.publish_full_blocks(seq, computed)
+        self.block_manager.withhold_full_blocks(seq, computed)
+        return seq.num_scheduled_tokens
 
 # %% ../../notebooks/06_scheduler.ipynb #placeholder-code
 PENDING_TOKEN = -1  # holds the place of a sampled token whose id is not known yet (never a real id)
@@ -178,149 +293,3 @@ def fill_placeholder(seq: Sequence, index: int, token_id: int) -> None:
     seq.token_ids[index] = int(token_id)
     if index == seq.num_tokens - 1:
         seq.last_token = int(token_id)
-
-# %% ../../notebooks/06_scheduler.ipynb #68d121e8
-@patch
-def reserve(self: Scheduler, seqs: list[Sequence]) -> list[tuple[Sequence, int]]:
-    """The half of postprocess that needs no token id: advance `num_computed_tokens`, give each sequence that
-    gets a token a placeholder, finish those that reach max_tokens or max_model_len ("length"). Returns
-    (sequence, placeholder index) pairs for `commit`."""
-    pending = []
-    for seq in seqs:
-        seq.num_computed_tokens += seq.num_scheduled_tokens
-        seq.num_scheduled_tokens = 0
-        if seq.num_computed_tokens < seq.num_tokens:  # mid-way through a chunked prefill: no token yet
-            continue
-        pending.append((seq, append_placeholder(seq)))
-        if seq.num_completion_tokens >= seq.sampling_params.max_tokens or seq.num_tokens >= self.max_model_len:
-            self._finish(seq, "length")
-    return pending
-
-
-@patch
-def commit(self: Scheduler, pending: list[tuple[Sequence, int]], token_ids: list[int]) -> list[Sequence]:
-    """The half that needs the ids: fill the placeholders; an EOS stops its sequence there ("stop", also over
-    a "length" finish). A token after a stop is void (notebook 12 plans ahead). Returns the finished ones."""
-    if len(token_ids) != len(pending):
-        raise ValueError(f"commit got {len(token_ids)} tokens for {len(pending)} placeholders")
-    finished = []
-    for (seq, index), token in zip(pending, token_ids):
-        if index >= seq.num_tokens:  # the sequence stopped at an earlier token: this one is void
-            continue
-        fill_placeholder(seq, index, token)
-        if token in self.eos_token_ids and not seq.sampling_params.ignore_eos:
-            self.stop(seq, index)
-        if seq.is_finished and index == seq.num_tokens - 1:
-            finished.append(seq)
-    return finished
-
-
-@patch
-def stop(self: Scheduler, seq: Sequence, index: int) -> None:
-    """End `seq` with "stop" after its newest known token, `index`; placeholders after it are dropped."""
-    if any(token != PENDING_TOKEN for token in seq.token_ids[index + 1:]):
-        raise ValueError(f"stop: token {index} is not the newest known token of sequence {seq.seq_id}")
-    del seq.token_ids[index + 1:]
-    seq.num_tokens, seq.last_token = index + 1, seq.token_ids[index]
-    if seq.is_finished:  # it reached its length with this very token: the stop names the reason
-        seq.finish_reason = "stop"
-    else:
-        self._finish(seq, "stop")
-
-
-@patch
-def postprocess(self: Scheduler, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
-    """Advance `seqs` after a step whose tokens are known: `reserve`, then `commit`. `token_ids` holds a token
-    per sequence whose prompt is complete (or one per scheduled sequence). Returns the finished sequences."""
-    done = [seq.num_computed_tokens + seq.num_scheduled_tokens >= seq.num_tokens for seq in seqs]
-    if len(token_ids) == len(seqs):  # one entry per sequence: drop those of mid-prefill ones
-        token_ids = [t for t, d in zip(token_ids, done) if d]
-    if len(token_ids) != sum(done):
-        raise ValueError(f"postprocess got {len(token_ids)} tokens for {sum(done)} sequences that completed "
-                         f"their prefill or decoded ({len(seqs)} scheduled)")
-    return self.commit(self.reserve(seqs), token_ids)
-
-# %% ../../notebooks/06_scheduler.ipynb #finish-code
-@patch
-def _finish(self: Scheduler, seq: Sequence, reason: str) -> None:
-    seq.status = SequenceStatus.FINISHED
-    seq.finish_reason = reason
-    self.block_manager.deallocate(seq)
-    # running, as a rule; waiting when it was preempted before the token that ends it (a fork with no free
-    # block, notebook 09)
-    (self.running if seq in self.running else self.waiting).remove(seq)
-
-
-@patch
-def abort(self: Scheduler, seqs: list[Sequence] | None = None) -> list[Sequence]:
-    """Drop `seqs` (None: every request) wherever they are (waiting, running, the half-prefilled slot), free
-    their blocks and finish them with "abort"; the others run on. Call it between steps. Returns them."""
-    dropped = [*self.running, *self.waiting] if seqs is None else [seq for seq in seqs if not seq.is_finished]
-    for seq in dropped:
-        (self.running if seq in self.running else self.waiting).remove(seq)
-        if self.prefilling is seq:
-            self.prefilling = None
-        self.block_manager.deallocate(seq)  # a waiting request holds none: a no-op
-        seq.status, seq.finish_reason, seq.num_scheduled_tokens = SequenceStatus.FINISHED, "abort", 0
-    return dropped
-
-
-@patch
-def abort_all(self: Scheduler) -> None:
-    """Drop every request (after an error mid-generate), leaving the scheduler empty."""
-    self.abort()
-
-# %% ../../notebooks/06_scheduler.ipynb #stop-code
-@patch
-def start_running(self: Scheduler, seq: Sequence, token_id: int, has_blocks: bool) -> None:
-    """Run `seq`, whose prompt is already in its blocks (a fork, notebook 09), from its first token `token_id`
-    (EOS or max_tokens may end it at once); without all its blocks (`has_blocks` False) it is preempted."""
-    seq.status = SequenceStatus.RUNNING
-    self.running.append(seq)
-    self.postprocess([seq], [token_id])
-    if not has_blocks and not seq.is_finished:
-        self.running.remove(seq)
-        self.preempt(seq)  # recomputed later, like any preempted sequence
-
-# %% ../../notebooks/06_scheduler.ipynb #mixed-code
-@patch
-def _schedule_mixed(self: Scheduler) -> tuple[list[Sequence], bool]:
-    """One mixed step: the running decodes first, one token each; then prefill chunks fill the rest of the
-    token budget, prompts already part-way first, then new ones, each at most `chunk_cap` tokens. Returns
-    the decodes then the chunks, and whether there are chunks."""
-    num_preemptions = self.num_preemptions
-    decodes = self._schedule_decode()
-    # a step that had to preempt admits no one (they would take the blocks just freed), unless nothing else runs
-    admit = self.num_preemptions == num_preemptions or not decodes
-    chunks = self._schedule_chunks(self.max_num_batched_tokens - len(decodes), admit)
-    if not decodes and not chunks:
-        raise RuntimeError(self._stuck_message())
-    return decodes + chunks, bool(chunks)
-
-
-@patch
-def _schedule_chunks(self: Scheduler, budget: int, admit: bool = True) -> list[Sequence]:
-    """Prefill chunks within `budget` tokens: the running prompts' next chunks, then (if `admit`) new prompts
-    from the waiting queue while blocks and max_num_seqs allow."""
-    scheduled = []
-    for seq in self.running:
-        if budget == 0:
-            return scheduled
-        if seq.num_scheduled_tokens == 0 and seq.num_tokens - seq.num_computed_tokens > 1:
-            budget -= self._schedule_capped_chunk(seq, budget)
-            scheduled.append(seq)
-    return scheduled + (self._admit(budget, self._schedule_capped_chunk) if admit else [])
-
-
-@patch
-def _schedule_capped_chunk(self: Scheduler, seq: Sequence, budget: int) -> int:
-    """Schedule the next at most `chunk_cap` of `seq`'s uncomputed tokens within `budget`; returns how many."""
-    seq.num_scheduled_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget, self.chunk_cap)
-    # Prefix caching (notebook 05) publishes a prompt's full blocks when it allocates them. With separate steps
-    # nobody is admitted before the prompt's last chunk, but here a prompt admitted next (even in this step)
-    # could hit blocks that later chunks compute: offer only what this step computes (each layer stores
-    # before it attends, so blocks filled in this step may be shared within it).
-    computed = seq.num_computed_tokens + seq.num_scheduled_tokens
-    self.block_manager.publish_full_blocks(seq, computed)
-    self.block_manager.withhold_full_blocks(seq, computed)
-    return seq.num_scheduled_tokens

@@ -52,62 +52,48 @@ class Sequence:
     def __getitem__(self, key):
         return self.token_ids[key]
 
-# %% ../../notebooks/03_paged_blocks.ipynb #9c836f6d
-from fastcore.basics import patch
+    # %% ../../notebooks/03_paged_blocks.ipynb #9c836f6d
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.num_cached_tokens // self.block_size
 
+    @property
+    def num_blocks(self) -> int:
+        """Blocks needed to hold all `num_tokens` tokens."""
+        return (self.num_tokens + self.block_size - 1) // self.block_size
 
-@patch(as_prop=True)
-def num_cached_blocks(self: Sequence) -> int:
-    return self.num_cached_tokens // self.block_size
+    @property
+    def last_block_num_tokens(self) -> int:
+        return self.num_tokens - (self.num_blocks - 1) * self.block_size
 
+    def block(self, i: int) -> list[int]:
+        """Token ids stored in the sequence's `i`-th block (the last one may be partly filled)."""
+        if not 0 <= i < self.num_blocks:
+            raise IndexError(f"block {i} out of range for a sequence of {self.num_blocks} blocks")
+        return self.token_ids[i * self.block_size:(i + 1) * self.block_size]
 
-@patch(as_prop=True)
-def num_blocks(self: Sequence) -> int:
-    """Blocks needed to hold all `num_tokens` tokens."""
-    return (self.num_tokens + self.block_size - 1) // self.block_size
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(int(token_id))
+        self.last_token = int(token_id)
+        self.num_tokens += 1
 
+    # %% ../../notebooks/03_paged_blocks.ipynb #b22f09d6
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, {self.status.name}, tokens={self.num_tokens} "
+                f"(prompt {self.num_prompt_tokens}), computed={self.num_computed_tokens}, blocks={self.block_table})")
 
-@patch(as_prop=True)
-def last_block_num_tokens(self: Sequence) -> int:
-    return self.num_tokens - (self.num_blocks - 1) * self.block_size
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
 
+    @property
+    def num_completion_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
 
-@patch
-def block(self: Sequence, i: int) -> list[int]:
-    """Token ids stored in the sequence's `i`-th block (the last one may be partly filled)."""
-    if not 0 <= i < self.num_blocks:
-        raise IndexError(f"block {i} out of range for a sequence of {self.num_blocks} blocks")
-    return self.token_ids[i * self.block_size:(i + 1) * self.block_size]
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[:self.num_prompt_tokens]
 
-
-@patch
-def append_token(self: Sequence, token_id: int) -> None:
-    self.token_ids.append(int(token_id))
-    self.last_token = int(token_id)
-    self.num_tokens += 1
-
-# %% ../../notebooks/03_paged_blocks.ipynb #b22f09d6
-@patch
-def __repr__(self: Sequence) -> str:
-    return (f"Sequence(id={self.seq_id}, {self.status.name}, tokens={self.num_tokens} "
-            f"(prompt {self.num_prompt_tokens}), computed={self.num_computed_tokens}, blocks={self.block_table})")
-
-
-@patch(as_prop=True)
-def is_finished(self: Sequence) -> bool:
-    return self.status == SequenceStatus.FINISHED
-
-
-@patch(as_prop=True)
-def num_completion_tokens(self: Sequence) -> int:
-    return self.num_tokens - self.num_prompt_tokens
-
-
-@patch(as_prop=True)
-def prompt_token_ids(self: Sequence) -> list[int]:
-    return self.token_ids[:self.num_prompt_tokens]
-
-
-@patch(as_prop=True)
-def completion_token_ids(self: Sequence) -> list[int]:
-    return self.token_ids[self.num_prompt_tokens:]
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]

@@ -240,34 +240,72 @@ class WorkerGroup:
             raise WorkerDiedError(f"tensor-parallel worker {dead} died; the engine is shut down, "
                                   "create a new LLM")
 
-# %% ../../notebooks/15_tensor_parallel.ipynb #50476b51
-from fastcore.basics import patch
+    # %% ../../notebooks/15_tensor_parallel.ipynb #50476b51
+    def send(self, command: str, *args) -> None:
+        "Send one command to every worker (pickled once)."
+        message = pickle.dumps((command, *args), protocol=pickle.HIGHEST_PROTOCOL)
+        for conn in self.conns:
+            conn.send_bytes(message)
 
+    def run_step(self, run_local, step) -> object:
+        """Send the step's inputs to the workers, then run `run_local()` here: the ranks meet in the forward
+        pass's collectives."""
+        def run():
+            self.send("run", step)
+            return run_local()
+        return self._guarded(run)
 
-@patch
-def send(self: WorkerGroup, command: str, *args) -> None:
-    "Send one command to every worker (pickled once)."
-    message = pickle.dumps((command, *args), protocol=pickle.HIGHEST_PROTOCOL)
-    for conn in self.conns:
-        conn.send_bytes(message)
+    def call(self, fn, runner, *args) -> object:
+        """Run `fn(runner, *args)` on every rank together (`fn` must be importable by name: it is pickled);
+        rank 0's result comes back."""
+        self.send("call", fn, args)
+        return self._guarded(lambda: fn(runner, *args))
 
+    # %% ../../notebooks/15_tensor_parallel.ipynb #892e711a
+    def wait(self, event: torch.cuda.Event) -> None:
+        """Wait for rank 0's device work up to `event` while watching the workers: if one dies, NCCL would
+        wait for it forever (until its timeout); this raises WorkerDiedError instead."""
+        def poll():
+            while not event.query():
+                self.check_alive()
+                time.sleep(WAIT_POLL_S)
+        self._guarded(poll)
 
-@patch
-def run_step(self: WorkerGroup, run_local, step) -> object:
-    """Send the step's inputs to the workers, then run `run_local()` here: the ranks meet in the forward
-    pass's collectives."""
-    def run():
-        self.send("run", step)
-        return run_local()
-    return self._guarded(run)
+    def _guarded(self, fn):
+        """Run `fn()` (rank 0's part of a step). A first Ctrl-C waits until the step has ended on every rank,
+        then raises KeyboardInterrupt with the group intact: the engine stays usable. Any other failure (or a
+        second Ctrl-C) leaves the ranks out of step, so it shuts the group down before it propagates (a dead
+        worker becomes WorkerDiedError)."""
+        if self.closed:
+            raise RuntimeError("this engine's tensor-parallel workers were shut down (exit(), or an earlier "
+                               "failure); create a new LLM")
+        interrupt = DeferredInterrupt()
+        try:
+            self.check_alive()
+            with interrupt:
+                result = fn()
+        except BaseException as err:
+            if not isinstance(err, WorkerDiedError):
+                for proc in self.procs:  # a worker killed mid-step may not be reaped yet: give it a moment
+                    proc.join(timeout=0.2)
+            dead = self.dead_workers()
+            self.shutdown(graceful=False)
+            if dead and not isinstance(err, WorkerDiedError):
+                raise WorkerDiedError(f"tensor-parallel worker {dead} died; the engine is shut down, "
+                                      "create a new LLM") from err
+            raise
+        if interrupt.pending:  # Ctrl-C during the step, which every rank has now finished
+            raise KeyboardInterrupt("interrupted after the step ended on every rank; the engine stays usable")
+        return result
 
-
-@patch
-def call(self: WorkerGroup, fn, runner, *args) -> object:
-    """Run `fn(runner, *args)` on every rank together (`fn` must be importable by name: it is pickled);
-    rank 0's result comes back."""
-    self.send("call", fn, args)
-    return self._guarded(lambda: fn(runner, *args))
+    def shutdown(self, graceful: bool = True) -> None:
+        "Stop every worker and leave the process group; safe to call twice."
+        self.closed = True
+        if graceful:
+            self._finalizer()  # runs shutdown_workers once, and never again at exit
+        else:
+            self._finalizer.detach()
+            shutdown_workers(self.procs, self.conns, graceful=False)
 
 # %% ../../notebooks/15_tensor_parallel.ipynb #2192418f
 import threading
@@ -295,57 +333,6 @@ class DeferredInterrupt:
     def __exit__(self, *exc) -> None:
         if self.saved is not None:
             signal.signal(signal.SIGINT, self.saved)
-
-# %% ../../notebooks/15_tensor_parallel.ipynb #892e711a
-@patch
-def wait(self: WorkerGroup, event: torch.cuda.Event) -> None:
-    """Wait for rank 0's device work up to `event` while watching the workers: if one dies, NCCL would
-    wait for it forever (until its timeout); this raises WorkerDiedError instead."""
-    def poll():
-        while not event.query():
-            self.check_alive()
-            time.sleep(WAIT_POLL_S)
-    self._guarded(poll)
-
-
-@patch
-def _guarded(self: WorkerGroup, fn):
-    """Run `fn()` (rank 0's part of a step). A first Ctrl-C waits until the step has ended on every rank,
-    then raises KeyboardInterrupt with the group intact: the engine stays usable. Any other failure (or a
-    second Ctrl-C) leaves the ranks out of step, so it shuts the group down before it propagates (a dead
-    worker becomes WorkerDiedError)."""
-    if self.closed:
-        raise RuntimeError("this engine's tensor-parallel workers were shut down (exit(), or an earlier "
-                           "failure); create a new LLM")
-    interrupt = DeferredInterrupt()
-    try:
-        self.check_alive()
-        with interrupt:
-            result = fn()
-    except BaseException as err:
-        if not isinstance(err, WorkerDiedError):
-            for proc in self.procs:  # a worker killed mid-step may not be reaped yet: give it a moment
-                proc.join(timeout=0.2)
-        dead = self.dead_workers()
-        self.shutdown(graceful=False)
-        if dead and not isinstance(err, WorkerDiedError):
-            raise WorkerDiedError(f"tensor-parallel worker {dead} died; the engine is shut down, "
-                                  "create a new LLM") from err
-        raise
-    if interrupt.pending:  # Ctrl-C during the step, which every rank has now finished
-        raise KeyboardInterrupt("interrupted after the step ended on every rank; the engine stays usable")
-    return result
-
-
-@patch
-def shutdown(self: WorkerGroup, graceful: bool = True) -> None:
-    "Stop every worker and leave the process group; safe to call twice."
-    self.closed = True
-    if graceful:
-        self._finalizer()  # runs shutdown_workers once, and never again at exit
-    else:
-        self._finalizer.detach()
-        shutdown_workers(self.procs, self.conns, graceful=False)
 
 # %% ../../notebooks/15_tensor_parallel.ipynb #dde60854
 class TensorParallelRanks:

@@ -64,22 +64,18 @@ class StepInputs:
         """Rows that get logits (and a sampled token)."""
         return self.logits_indices.numel() if self.logits_indices is not None else self.input_ids.numel()
 
-# %% ../../notebooks/04_kv_cache.ipynb #step-inputs-to
-from fastcore.basics import patch
-
-
-@patch
-def to(self: StepInputs, device: torch.device | str) -> StepInputs:
-    """The same inputs on `device`. To a GPU every tensor travels in ONE pinned copy (a launch of
-    its own costs more than the bytes): packed as int64, then viewed and cast back."""
-    device = torch.device(device)
-    tensors = {f.name: value for f in fields(self) if isinstance(value := getattr(self, f.name), Tensor)}
-    if device.type != "cuda":
-        return replace(self, **{name: t.to(device) for name, t in tensors.items()})
-    packed = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors.values()]).pin_memory()
-    packed = packed.to(device, non_blocking=True)
-    out, offset = {}, 0
-    for name, t in tensors.items():
-        out[name] = packed[offset: offset + t.numel()].view(t.shape).to(t.dtype)
-        offset += t.numel()
-    return replace(self, **out)
+    # %% ../../notebooks/04_kv_cache.ipynb #step-inputs-to
+    def to(self, device: torch.device | str) -> "StepInputs":
+        """The same inputs on `device`. To a GPU every tensor travels in ONE pinned copy (a launch of
+        its own costs more than the bytes): packed as int64, then viewed and cast back."""
+        device = torch.device(device)
+        tensors = {f.name: value for f in fields(self) if isinstance(value := getattr(self, f.name), Tensor)}
+        if device.type != "cuda":
+            return replace(self, **{name: t.to(device) for name, t in tensors.items()})
+        packed = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors.values()]).pin_memory()
+        packed = packed.to(device, non_blocking=True)
+        out, offset = {}, 0
+        for name, t in tensors.items():
+            out[name] = packed[offset: offset + t.numel()].view(t.shape).to(t.dtype)
+            offset += t.numel()
+        return replace(self, **out)

@@ -88,46 +88,38 @@ class TorchBackend(AttentionBackend):
         mask = (torch.arange(max_k, device=device)[None, :] < ctx_lens[:, None])[:, None, None, :]
         return {"max_k": max_k, "slots": slots, "mask": mask}
 
-# %% ../../../notebooks/04_kv_cache.ipynb #44fe237f
-from fastcore.basics import patch
+    # %% ../../../notebooks/04_kv_cache.ipynb #44fe237f
+    def _cached_plan(self, kind: str, step: StepInputs, block_size: int, build) -> dict:
+        # Every layer of one step sees the same context; build index tensors once. We hold references to
+        # the keyed objects, so an `is` match can never be a recycled id.
+        key = (block_size, step, step.cu_seqlens_q, step.cu_seqlens_k, step.context_lens, step.block_tables)
+        saved_key, saved_plan = self._plans.get(kind, ((), None))
+        if saved_key and all(x is y for x, y in zip(key, saved_key)):
+            return saved_plan
+        plan = build()
+        if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            self._plans[kind] = key, plan
+        return plan
 
+    def _varlen_plan(self, step: StepInputs, num_tokens: int, device: torch.device) -> dict:
+        """Indices to pad packed tokens into [B, max_q] and back."""
+        cu_q = step.cu_seqlens_q.to(device=device, dtype=torch.long)
+        q_lens = cu_q[1:] - cu_q[:-1]
+        batch = q_lens.numel()
+        max_q = step.max_seqlen_q if step.max_seqlen_q > 0 else int(q_lens.max())
+        offsets = torch.arange(max_q, device=device)
+        pad_idx = (cu_q[:-1, None] + offsets).clamp_max(num_tokens - 1).reshape(-1)  # [B * max_q]
+        seq_of_token = torch.repeat_interleave(torch.arange(batch, device=device), q_lens, output_size=num_tokens)
+        unpad_idx = seq_of_token * max_q + torch.arange(num_tokens, device=device) - cu_q[seq_of_token]
+        return {"batch": batch, "max_q": max_q, "q_lens": q_lens, "pad_idx": pad_idx, "unpad_idx": unpad_idx}
 
-@patch
-def _cached_plan(self: TorchBackend, kind: str, step: StepInputs, block_size: int, build) -> dict:
-    # Every layer of one step sees the same context; build index tensors once. We hold references to
-    # the keyed objects, so an `is` match can never be a recycled id.
-    key = (block_size, step, step.cu_seqlens_q, step.cu_seqlens_k, step.context_lens, step.block_tables)
-    saved_key, saved_plan = self._plans.get(kind, ((), None))
-    if saved_key and all(x is y for x, y in zip(key, saved_key)):
-        return saved_plan
-    plan = build()
-    if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
-        self._plans[kind] = key, plan
-    return plan
-
-
-@patch
-def _varlen_plan(self: TorchBackend, step: StepInputs, num_tokens: int, device: torch.device) -> dict:
-    """Indices to pad packed tokens into [B, max_q] and back."""
-    cu_q = step.cu_seqlens_q.to(device=device, dtype=torch.long)
-    q_lens = cu_q[1:] - cu_q[:-1]
-    batch = q_lens.numel()
-    max_q = step.max_seqlen_q if step.max_seqlen_q > 0 else int(q_lens.max())
-    offsets = torch.arange(max_q, device=device)
-    pad_idx = (cu_q[:-1, None] + offsets).clamp_max(num_tokens - 1).reshape(-1)  # [B * max_q]
-    seq_of_token = torch.repeat_interleave(torch.arange(batch, device=device), q_lens, output_size=num_tokens)
-    unpad_idx = seq_of_token * max_q + torch.arange(num_tokens, device=device) - cu_q[seq_of_token]
-    return {"batch": batch, "max_q": max_q, "q_lens": q_lens, "pad_idx": pad_idx, "unpad_idx": unpad_idx}
-
-
-@patch
-def _prefill_plan(self: TorchBackend, step: StepInputs, num_tokens: int, device: torch.device, block_size: int) -> dict:
-    plan = self._varlen_plan(step, num_tokens, device)
-    if block_size:
-        cu_k = step.cu_seqlens_k.to(device=device, dtype=torch.long)
-        ctx_lens = cu_k[1:] - cu_k[:-1]
-        max_k = step.max_seqlen_k if step.max_seqlen_k > 0 else int(ctx_lens.max())
-        plan["max_k"] = max_k
-        plan["slots"] = _paged_slots(step.block_tables.to(device), ctx_lens, max_k, block_size)
-        plan["mask"] = _causal_offsets_mask(plan["q_lens"], ctx_lens, plan["max_q"], max_k)
-    return plan
+    def _prefill_plan(self, step: StepInputs, num_tokens: int, device: torch.device, block_size: int) -> dict:
+        plan = self._varlen_plan(step, num_tokens, device)
+        if block_size:
+            cu_k = step.cu_seqlens_k.to(device=device, dtype=torch.long)
+            ctx_lens = cu_k[1:] - cu_k[:-1]
+            max_k = step.max_seqlen_k if step.max_seqlen_k > 0 else int(ctx_lens.max())
+            plan["max_k"] = max_k
+            plan["slots"] = _paged_slots(step.block_tables.to(device), ctx_lens, max_k, block_size)
+            plan["mask"] = _causal_offsets_mask(plan["q_lens"], ctx_lens, plan["max_q"], max_k)
+        return plan
