@@ -19,8 +19,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export NANOVLLM_EDU_TP_TIMEOUT="${NANOVLLM_EDU_TP_TIMEOUT:-120}"  # a stuck collective fails in 2 minutes
 RESULTS="${RESULTS:-out}"
 mkdir -p "$RESULTS"
-# Pure-Python packages the GPU machine lacks (it has no network): fastcore (a dependency of the package) and, for
-# the notebooks, IPython, ipywidgets and nbformat (the labs) with their dependencies. Carry their wheels in .whl/ (pip download
+# Pure-Python packages the GPU machine lacks (it has no network): for the notebooks, fastcore (their @patch cells),
+# IPython, ipywidgets and nbformat (the labs) with their dependencies; the package itself needs none of them. Carry their wheels in .whl/ (pip download
 # --no-deps -d .whl NAME==VERSION, for Python 3.12); they are installed into .whl/site here.
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target .whl/site .whl/*.whl 2>&1 | tail -2

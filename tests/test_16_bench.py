@@ -232,3 +232,36 @@ def test_named_random_checkpoint_carries_generation_config_and_qwen3_tokenizer(t
     assert engine.config.eos == (151645, 151643)
     out = engine.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
     assert len(out["token_ids"]) == 4 and out["text"] == tokenizer.decode(out["token_ids"], skip_special_tokens=True)
+
+
+FIGURES = Path(__file__).resolve().parents[1] / "figures"
+
+
+def test_cuda_graphs_says_whether_the_timed_run_replayed_graphs():
+    """`cuda_graphs` comes from the timed run's own step counts (before, a check of a moved attribute made every
+    H200 record say false), and the CLI's summary line says the same."""
+    from nanovllm_edu.bench import report
+    from nanovllm_edu.bench.record import replayed_graphs
+    assert not replayed_graphs({})  # a CPU run, or enforce_eager: no graphs at all
+    assert not replayed_graphs({"replayed_steps": 0, "full_graph_steps": 0, "piecewise_steps": 0, "eager_steps": 40})
+    assert replayed_graphs({"replayed_steps": 1023, "full_graph_steps": 0, "piecewise_steps": 0, "eager_steps": 9})
+    assert replayed_graphs({"replayed_steps": 0, "full_graph_steps": 0, "piecewise_steps": 3, "eager_steps": 0})
+    # every committed record with step counts agrees with them
+    records = [json.loads(p.read_text()) for p in sorted(FIGURES.rglob("bench*.json"))]
+    counted = [r for r in records if isinstance(r, dict) and isinstance(r.get("steps"), dict)]
+    assert len(counted) >= 20 and all(r["cuda_graphs"] == replayed_graphs(r["steps"]) for r in counted)
+    record = json.loads((FIGURES / "bench_h200_triton_graphs_pdl_chain.json").read_text())
+    assert record["cuda_graphs"] and "CUDA graphs" in report(record).splitlines()[0]
+    assert "eager" in report(record | {"cuda_graphs": False}).splitlines()[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_a_gpu_record_says_cuda_graphs_when_it_replayed_them(enforce_eager):
+    from nanovllm_edu.assets import tiny_model_path
+    from nanovllm_edu.bench import run_benchmark
+    record = run_benchmark(tiny_model_path(), make_workload(8, 32, 16),
+                           {"device": "cuda", "attention_backend": "triton", "enforce_eager": enforce_eager})
+    assert record["cuda_graphs"] is (not enforce_eager)
+    assert (record["steps"].get("replayed_steps", 0) > 0) is (not enforce_eager), record["steps"]
