@@ -12,16 +12,18 @@ from .utils import device as _device  # sets TRITON_INTERPRET before any kernel 
 
 __version__ = "0.1.0"
 
+# %% ../notebooks/01_tokenizer.ipynb #init-sp-code
+import importlib
+
 # %% ../notebooks/15_tensor_parallel.ipynb #init-llm-code
-__all__ = ["LLM", "SamplingParams", "__version__"]
+_LAZY = {"LLM": "nanovllm_edu.llm", "SamplingParams": "nanovllm_edu.sampling_params"}
+
+# %% ../notebooks/01_tokenizer.ipynb #init-sp-code
+__all__ = [*_LAZY, "__version__"]
 
 
 def __getattr__(name: str):
-    # Lazy: `import nanovllm_edu` stays light; a public name's module loads on its first use.
-    if name == "LLM":
-        from nanovllm_edu.llm import LLM
-        return LLM
-    if name == "SamplingParams":
-        from nanovllm_edu.sampling_params import SamplingParams
-        return SamplingParams
+    # a public name's module is imported on the name's first use: `import nanovllm_edu` stays light
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'nanovllm_edu' has no attribute {name!r}")
