@@ -15,9 +15,10 @@ Used by scripts/export_notebooks.py. The rules, in the order a cell's statements
   place. The class must be defined in the same module, earlier in course order. `from fastcore.basics import
   patch` is dropped, so the package needs no fastcore.
 
-What a folded or in-place definition needs when Python runs its `def` line (decorators, default values,
-annotations, base classes) must already be defined at the place it lands; the export check imports nothing,
-but the test suite imports every module.
+What a folded or in-place definition runs when Python defines it (decorators, default values, base classes)
+must already be defined at the place it lands: the composer refuses the cell otherwise, naming the name and
+the fix. A folded method's annotations are quoted where they name what is not defined above its class (the
+class itself, a class further down), as they would otherwise fail when the class statement runs.
 """
 import ast
 import builtins
@@ -140,7 +141,8 @@ def fold_patched(lines: list[str], where: str, bound=lambda cls: set()) -> tuple
         raise ComposeError(f"{where}: @patch def {node.name} needs its class as the annotation of its first "
                            "argument (`self: Scheduler`)")
     classes = [n.id for n in ast.walk(annotation) if isinstance(n, ast.Name)]
-    if any(isinstance(n, ast.Attribute) for n in ast.walk(annotation)) or annotation.end_lineno != annotation.lineno:
+    if not classes or any(isinstance(n, ast.Attribute) for n in ast.walk(annotation)) or \
+            annotation.end_lineno != annotation.lineno:
         raise ComposeError(f"{where}: @patch def {node.name}: write its class as a plain name on one line "
                            f"(`self: Scheduler` or `self: A | B`), not {ast.unparse(annotation)!r}")
     keywords = {k.arg: ast.literal_eval(k.value) for k in getattr(decorator, "keywords", [])}
@@ -148,7 +150,7 @@ def fold_patched(lines: list[str], where: str, bound=lambda cls: set()) -> tuple
         raise ComposeError(f"{where}: @{ast.unparse(decorator)} cannot be folded; use @patch or @patch(as_prop=True)")
     if decorator.lineno == node.lineno or lines[decorator.lineno - 1].strip() != "@" + ast.unparse(decorator):
         raise ComposeError(f"{where}: write @patch alone on its line, above `def {node.name}`")
-    known = set(dir(builtins)).union(*(bound(cls) for cls in classes)) if classes else set()
+    known = set(dir(builtins)).union(*(bound(cls) for cls in classes))
     for expr in [d for d in node.decorator_list if d is not decorator] + node.args.defaults + \
             [d for d in node.args.kw_defaults if d is not None]:
         missing = sorted({n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} - known)
@@ -156,8 +158,8 @@ def fold_patched(lines: list[str], where: str, bound=lambda cls: set()) -> tuple
             raise ComposeError(f"{where}: def {node.name} uses {', '.join(missing)} in a decorator or default value, "
                                f"which the module defines below class {classes[0]}; define it above the class")
     keep = _string_continuation_lines("\n".join(lines), node)
-    # edits as (row, start col, end col, new text): `self: Cls` -> `self`; an annotation naming the class is
-    # quoted, since inside the class body the class's name is not bound yet when the def line runs
+    # edits as (row, start col, end col, new text): `self: Cls` -> `self`; an annotation naming what is not
+    # bound above the class is quoted (inside the class body, the class's own name is not bound yet either)
     edits = [(annotation.lineno, args[0].col_offset + len(args[0].arg.encode()), annotation.end_col_offset, "")]
     a = node.args
     for arg in (a.posonlyargs + a.args)[1:] + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]:
