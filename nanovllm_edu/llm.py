@@ -5,12 +5,10 @@ __all__ = ['build_runner', 'LLM']
 
 # %% ../notebooks/15_tensor_parallel.ipynb #4244b373
 from .config import Config
-from .engine.async_scheduling import AsyncCarry, AsyncLLMEngine
 from .engine.cuda_graph import graphed_forward
-from .engine.model_runner import ModelRunner, NoCarry
-from .engine.llm_engine import RequestFeatures
+from .engine.llm_engine import LLMEngine
+from .engine.model_runner import ModelRunner
 from .engine.tp_worker import tensor_parallel_runner
-from .kernels import pdl_chain  # noqa: F401  (registers notebook 14's decode kernels: fused gate, PDL chain)
 from .layers import triton_sampler  # noqa: F401  (registers the one-pass GPU sampler, notebook 14)
 from .layers.backends import flash_attn_backend, triton_backend  # noqa: F401  (notebook 11's backends)
 
@@ -19,17 +17,17 @@ from .layers.backends import flash_attn_backend, triton_backend  # noqa: F401  (
 
 
 def build_runner(config: Config, rank: int = 0) -> ModelRunner:
-    """The runner `LLM` uses: notebook 07's ModelRunner with the parts its engine arguments ask for: request
-    features (09), async scheduling's carry (12), CUDA graphs for decode (13; not on a CPU or with enforce_eager),
-    with tensor_parallel_size > 1 ranks in worker processes (15), which build theirs with this function."""
-    parts = {"carry": AsyncCarry() if config.async_scheduling else NoCarry(), "forward": graphed_forward,
-             "features": RequestFeatures}
+    """The runner `LLM` uses: notebook 07's ModelRunner with the parts its engine arguments ask for: CUDA graphs
+    for decode (13; not on a CPU or with enforce_eager), with tensor_parallel_size > 1 ranks in worker
+    processes (15), which build theirs with this function."""
     if config.tensor_parallel_size > 1:
-        return tensor_parallel_runner(config, rank, build_runner, **parts)
-    return ModelRunner(config, rank, **parts)
+        return tensor_parallel_runner(config, rank, build_runner, forward=graphed_forward)
+    return ModelRunner(config, rank, forward=graphed_forward)
 
 
-class LLM(AsyncLLMEngine):
+class LLM(LLMEngine):
     """`LLM(model_path, **engine_args).generate(prompts, sampling_params)`: the public entry point, with
     every part of the course: async scheduling, CUDA graphs, tensor parallelism."""
-    make_runner = staticmethod(build_runner)
+
+    def make_runner(self) -> ModelRunner:
+        return build_runner(self.config)

@@ -16,10 +16,9 @@ from tqdm.auto import tqdm
 
 from .llm import LLM
 from .sampling_params import SamplingParams
-from .engine.async_scheduling import num_pending_tokens
-from .engine.engine_core import InflightStep
-from .engine.llm_engine import IncrementalDetokenizer
-from .engine.sequence import Sequence
+from .engine.completion import IncrementalDetokenizer
+from .engine.llm_engine import InflightStep
+from .engine.sequence import Sequence, num_pending_tokens
 
 
 @dataclass
@@ -293,7 +292,7 @@ class OnlineLLM(LLM):
             except queue.Empty:
                 return
             if kind == "add":
-                self.scheduler.add(item.seqs[0])  # the other completions fork from it after its prefill
+                self.scheduler.queue(item.seqs[0])  # checked by submit; the other completions fork after its prefill
                 continue
             with self.live_lock:  # an abort names a request by id, or by its stream (then only that very request)
                 request = self.live.get(item if isinstance(item, str) else item.request_id)

@@ -97,8 +97,8 @@ def architecture() -> Figure:
     ax.text(60, 66.7, "(NN): the notebook that exports it.  Grey: how the classes relate.  Red: one step, in order.",
             ha="center", va="center", fontsize=8, style="italic", color="#666666")
     # top: the user-facing classes
-    box(3, 58, 44, 65.3, "LLM  (llm.py, 15)", ["class LLM(AsyncLLMEngine): generate, chat",
-                                               "build_runner: the runner's parts from the engine args"], "top")
+    box(3, 58, 44, 65.3, "LLM  (llm.py, 15)", ["class LLM(LLMEngine): make_runner picks the",
+                                               "runner: build_runner, its parts from the engine args"], "top")
     box(52, 58, 84, 65.3, "OnlineLLM  (online.py, 19)", ["class OnlineLLM(LLM): an engine loop in a",
                                                          "thread; submit, abort, streams"], "top")
     box(91, 58, 117, 65.3, "serve/  (21, 22)", ["app.py, protocol.py: an OpenAI-", "compatible server on OnlineLLM"],
@@ -111,24 +111,25 @@ def architecture() -> Figure:
     ax.text(2.5, 54.6, "engine/", fontsize=10, fontweight="bold", va="center")
     ax.text(117.5, 54.6, "engine/ never imports llm.py, online.py, serve/, course/, bench/, labs/", ha="right",
             va="center", fontsize=7.5, style="italic", color="#666666")
-    box(3, 44.5, 44, 53, "EngineCore / LLMEngine / AsyncLLMEngine", ["engine_core.py (08), llm_engine.py (09),",
-                                                                       "async_scheduling.py (12): generate, steps:",
-                                                                       "launch + complete; record_outputs, fork"])
-    box(3, 29.5, 24, 39, "Scheduler", ["scheduler.py (06): schedule,", "reserve + commit, abort;",
-                                       "AsyncScheduler (12):", "can_schedule_ahead"], size=7.5)
+    box(3, 44.5, 44, 53, "LLMEngine", ["llm_engine.py (08, grown by 09 and 12), completion.py",
+                                       "(09): generate, steps: launch + complete;",
+                                       "record_outputs, fork_requests"])
+    box(3, 29.5, 24, 39, "Scheduler", ["scheduler.py (06): schedule", "-> ScheduledBatch; reserve +",
+                                       "commit, abort; grown by 12:", "can_schedule_ahead"], size=7.5)
     box(27, 29.5, 44, 39, "Sequence", ["sequence.py (03)", "tokens, status,", "block_table"], size=7.5)
     box(3, 20, 44, 26.5, "BlockManager / PrefixCachingBlockManager",
         ["block_manager.py (03), prefix_cache.py (05)"], size=7.5)
     box(53, 20, 117, 53, "ModelRunner  (model_runner.py, 07)",
         ["one device: the model (its shard), the paged KV cache, the Sampler",
-         "launch: prepare_prefill | prepare_decode, ranks.run_step(execute)",
+         "launch: prepare_step (a ScheduledBatch -> StepInputs), ranks.run_step(execute)",
          "execute: device_inputs, forward, sample; token_ids: wait",
-         "and parts it holds, chosen by build_runner (also features, 09):"], "runner")
-    parts = [("carry", ["NoCarry (07) |", "AsyncCarry (12)", "async_scheduling.py", "mark_pending, fill_pending"]),
-             ("ranks", ["LocalRanks (07) |", "TensorParallelRanks (15)", "tp_worker.py", "run_step, call, wait"]),
+         "its own methods, grown in place by 09 and 12, and its two parts (build_runner):"], "runner")
+    box(55, 21.5, 74, 34, "grown in place", ["prepare_step (07, 12)", "prepare_sample, sample,",
+                                             "release (09)", "last_sampled (12)"], "runner", size=7.5)
+    parts = [("ranks", ["LocalRanks (07) |", "TensorParallelRanks (15)", "tp_worker.py", "run_step, call, wait"]),
              ("forward", ["EagerForward (07) |", "CUDAGraphForward (13)", "cuda_graph.py",
                           "runner.forward_pass(step)"])]
-    for i, (name, lines) in enumerate(parts):
+    for i, (name, lines) in enumerate(parts, start=1):
         x0 = 55 + i * 20.5
         box(x0, 21.5, x0 + 19, 34, name, lines, "part", size=7.5)
     # below the engine
@@ -158,9 +159,9 @@ def architecture() -> Figure:
     step(4, (75, 11), (71, 11))
     step(5, (86, 21.5), (86, 15.5), "sample")
     # the legend: the path in words
-    legend = ["LLMEngine.generate -> steps() (LLM is an AsyncLLMEngine)",
-              "Scheduler.schedule: the batch; it asks the BlockManager for blocks",
-              "LLMEngine.launch -> ModelRunner.launch: StepInputs, SamplingInputs; reserve",
+    legend = ["LLMEngine.generate -> steps() (LLM subclasses LLMEngine)",
+              "Scheduler.schedule: a ScheduledBatch; it asks the BlockManager for blocks",
+              "LLMEngine.launch -> ModelRunner.launch: prepare_step, prepare_sample; reserve",
               "ranks.run_step -> execute: the forward part -> Qwen3ForCausalLM -> attention backend -> kernels",
               "sample: the Sampler (layers/sampler.py) on the SamplingInputs, one token per row",
               "LLMEngine.complete: token_ids (wait) -> Scheduler.commit -> record_outputs -> results"]
@@ -178,10 +179,10 @@ LESSONS = [  # (number, title, what it adds to the package), in the course's thr
                       ("02", "Qwen3 model", "layers/, models/"), ("03", "paged blocks", "sequence,\nblock_manager"),
                       ("04", "KV cache", "store kernel,\nstep_inputs, backends"), ("05", "prefix hashing", "prefix_cache"),
                       ("06", "scheduler", "scheduler"), ("07", "model runner", "sampler,\nmodel_runner"),
-                      ("08", "engine core", "engine_core"), ("09", "request features", "llm_engine,\nsampling_features"),
+                      ("08", "engine", "llm_engine"), ("09", "request features", "completion,\nsampling_features"),
                       ("10", "watching", "course/")]),
     ("make it fast", [("11", "Triton attention", "paged_attention,\nqk_norm_rope"), ("12", "async scheduling",
-                                                                                    "async_scheduling"),
+                                                                                    "grows scheduler,\nrunner, engine"),
                       ("13", "CUDA graphs", "cuda_graph"), ("14", "Triton sampler", "kernels/sampling"),
                       ("15", "tensor parallel", "layers/parallel,\ntp_worker, llm"), ("16", "benchmark", "bench/"),
                       ("17", "benchmark results", "bench/plots"), ("18", "benchmark CLI", "bench/cli")]),

@@ -117,7 +117,7 @@ def decode_parts(runner, step: StepInputs, seqs: list[Sequence]) -> tuple[dict[s
         return graphs.run(step) if use_graph else runner.model(step.input_ids, step.positions, step)
 
     def sample(logits: torch.Tensor, sampling: SamplingInputs) -> torch.Tensor:
-        return runner.sample(logits, sampling)
+        return runner.sample(logits, sampling)[0]  # (tokens, logprobs): the tokens
 
     return {"prepare": lambda: runner.prepare_sample(seqs), "forward": forward,
             "logits": runner.model.compute_logits, "sample": sample}, use_graph

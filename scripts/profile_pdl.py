@@ -24,7 +24,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernel_tables as kt  # noqa: E402  (sets up the package's imports)
@@ -36,6 +35,7 @@ from nanovllm_edu.kernels.qk_norm_rope import qk_norm_rope  # noqa: E402
 from nanovllm_edu.kernels.pdl_chain import PDL_MAX_ROWS, rms_norm_triton  # noqa: E402
 from nanovllm_edu.kernels.skinny_gemm import skinny_gemm, triton_gate_up  # noqa: E402
 from nanovllm_edu.kernels.store_kvcache import get_store_kvcache  # noqa: E402
+from nanovllm_edu.utils.device import triton_interpreted  # noqa: E402
 from nanovllm_edu.layers.activation import silu_and_mul  # noqa: E402
 from nanovllm_edu.layers.layernorm import add_rms_norm  # noqa: E402
 from nanovllm_edu.layers.rotary_embedding import RotaryEmbedding  # noqa: E402
@@ -106,8 +106,9 @@ def chain(variant: str, layers: list[dict], x: torch.Tensor, residual: torch.Ten
                             EPS, EPS, rope.cos_sin_cache)
         store(k, v.view(m, -1, d), *caches, slots)
         h, residual = norm(gemm(q.view(m, -1), layer["o"], "o"), residual, layer["post_norm"])
-        gated = triton_gate_up(h, SimpleNamespace(weight=layer["gate_up"], bias=None), pdl)
-        if gated is None:  # on a CPU, as the engine's MLP falls back
+        if h.is_cuda and not triton_interpreted():  # the fused gate, as the engine's TritonGateUp runs it
+            gated = triton_gate_up(h, layer["gate_up"], pdl)
+        else:  # on a CPU, as the engine's MLP runs there (notebook 02's GateUp)
             gated = silu_and_mul(F.linear(h, layer["gate_up"]))
         x = gemm(gated, layer["down"], "down")
     return x

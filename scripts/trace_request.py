@@ -9,8 +9,8 @@ every other package module. Switches = in the caller thread's package call event
 with side(c_i) != side(c_{i+1}) (calls outside the package between them do not break adjacency).
 
 Decode step: the step function is by default the outermost call of a method whose co_qualname ends with
-`.launch`, defined in engine/engine_core.py, engine/llm_engine.py, engine/async_scheduling.py or llm.py, with the engine itself as
-`self` (the model runner's launch never counts): the async loop runs launch(n+1), complete(n), and launch is
+`.launch`, defined in engine/llm_engine.py or llm.py, with the engine itself as `self` (the model runner's launch
+never counts): the async loop runs launch(n+1), complete(n), and launch is
 the call every step makes once. `--step-function QUALNAME` overrides it (exact co_qualname, e.g.
 `LLMEngine.step` when stepping one at a time). A window runs from one outermost entry to the next; the last
 one bounded by two entries is reported (4 tokens: launch decode 2 + complete decode 1, never the prefill),
@@ -35,7 +35,7 @@ from nanovllm_edu.assets import tiny_model_path
 
 PKG = Path(nanovllm_edu.__file__).resolve().parent
 MODEL_DIRS = ("layers", "kernels", "models", "utils")
-STEP_MODULES = ("engine/engine_core.py", "engine/llm_engine.py", "engine/async_scheduling.py", "llm.py")
+STEP_MODULES = ("engine/llm_engine.py", "llm.py")
 NANO_VLLM = ("llm_engine", "scheduler", "block_manager", "sequence", "model_runner", "context",
              "sampling_params", "config")  # nano-vllm's engine-side modules, for comparison
 TRACED = ('llm.generate(["Return the"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), '

@@ -233,7 +233,7 @@ def methods_outside_class_body(module) -> list[str]:
     package_dir = Path(importlib.import_module(module.__name__.split(".")[0]).__file__).resolve().parent
     spans = {}  # qualified class name -> (first, last) line of its class statement
 
-    assigned = {}  # qualified class name -> names its body assigns (`make_runner = staticmethod(build_runner)`)
+    assigned = {}  # qualified class name -> names its body assigns (`NAME = staticmethod(function)`)
 
     def visit(body, prefix):
         for node in body:

@@ -9,14 +9,14 @@ import torch.nn.functional as F
 from helpers import LAYER_SHAPES, assert_close, hf, make_random_hf_qwen3, random_tokens as tokens  # noqa: F401 (hf: a fixture)
 from transformers.models.qwen3 import modeling_qwen3 as hf_qwen3
 
-from nanovllm_edu.layers.activation import SiluAndMul
+from nanovllm_edu.layers.activation import silu_and_mul
 from nanovllm_edu.utils.step_inputs import StepInputs
 from nanovllm_edu.layers.attention import Attention, causal_attention
 from nanovllm_edu.layers.backends.base import PagedAttention, attach_kv_cache
 from nanovllm_edu.layers.embed_head import Embedding, LMHead
-from nanovllm_edu.layers.factory import LayerFactory
+from nanovllm_edu.layers.factory import LayerFactory, layer_factory_for
 from nanovllm_edu.layers.layernorm import RMSNorm
-from nanovllm_edu.layers.linear import Linear, MergedLinear, QKVLinear
+from nanovllm_edu.layers.linear import GateUp, Linear, MergedLinear, QKVLinear
 from nanovllm_edu.layers.rotary_embedding import RotaryEmbedding, apply_rotary_emb, get_rope_theta
 from nanovllm_edu.models.qwen3 import (
     PACKED_MODULES_MAPPING,
@@ -34,7 +34,7 @@ torch.set_grad_enabled(False)
 def test_silu_and_mul(hf):
     mlp, x = hf.model.layers[0].mlp, tokens(hf)
     gate_up = torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], dim=-1)
-    assert_close(SiluAndMul()(gate_up), mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+    assert_close(silu_and_mul(gate_up), mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -118,6 +118,9 @@ def test_merged_linear_matches_hf_gate_and_up(hf):
     gate, up = layer(x).chunk(2, dim=-1)
     assert_close(gate, mlp.gate_proj(x))
     assert_close(up, mlp.up_proj(x))
+    gated = GateUp(layer)  # the merged layer's own parameters: loaded once, shared
+    assert gated.weight is layer.weight and gated.bias is None
+    assert_close(gated(x), mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
 
 
 def test_linear_with_bias():
@@ -177,11 +180,20 @@ def test_model_builds_its_layers_through_the_factory():
             return super().__getattribute__(name)
 
     model = Qwen3ForCausalLM(cfg, Recording())
-    roles = ["qkv_linear", "merged_linear", "output_linear", "output_linear"]
-    assert sorted(calls) == sorted(["embedding", "lm_head"] + roles * 2)
+    # gate_up asks merged_linear for its weight; the per-head q/k norms have no alternative: plain RMSNorm
+    roles = ["qkv_linear", "gate_up", "merged_linear", "output_linear", "output_linear", "rms_norm", "rms_norm"]
+    assert sorted(calls) == sorted(["embedding", "lm_head", "rms_norm"] + roles * 2)
     layer = model.model.layers[1]
     assert type(layer.self_attn.qkv_proj) is QKVLinear and type(layer.mlp.down_proj) is Linear
-    assert type(model.lm_head) is LMHead
+    assert type(layer.mlp.gate_up_proj) is GateUp and type(layer.input_layernorm) is RMSNorm
+    assert type(model.lm_head) is LMHead and type(model.model.norm) is RMSNorm
+
+
+def test_a_cpu_model_gets_the_plain_factory():
+    """layer_factory_for picks the layers once, by device: on a CPU notebook 02's plain ones, whatever a later
+    notebook adds for GPUs."""
+    assert type(layer_factory_for(torch.device("cpu"))) is LayerFactory
+    assert type(layer_factory_for("cpu")) is LayerFactory
 
 
 # ---- attention ----

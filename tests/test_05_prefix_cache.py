@@ -1,4 +1,4 @@
-"""Notebook 05: the prefix-caching block manager: chained hashes, hits, ref counts, revival of freed blocks,
+"""Notebook 05: the block manager with prefix caching on: chained hashes, hits, ref counts, revival of freed blocks,
 eviction, token verification, the last-token rule, completion sharing and a property-based model check that
 no sequence ever reads KV written for other tokens."""
 import pytest
@@ -8,9 +8,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from nanovllm_edu.engine import prefix_cache
-from nanovllm_edu.engine.block_manager import BlockManager
-from nanovllm_edu.engine.prefix_cache import PrefixCachingBlockManager, compute_block_hash, make_block_manager
+from nanovllm_edu.engine import block_manager
+from nanovllm_edu.engine.block_manager import BlockManager, compute_block_hash, make_block_manager
 from nanovllm_edu.engine.sequence import Sequence
 
 BS = 16
@@ -29,13 +28,34 @@ def test_chained_hash():
 
 
 def test_make_block_manager():
-    assert type(make_block_manager(4, 16, False)) is BlockManager
-    pc = make_block_manager(4, 32, True)
-    assert isinstance(pc, PrefixCachingBlockManager) and pc.block_size == 32 and pc.num_blocks == 4
+    plain = make_block_manager(4, 16, False)
+    assert type(plain) is BlockManager and not plain.enable_prefix_caching
+    pc = make_block_manager(4, 32)
+    assert type(pc) is BlockManager and pc.enable_prefix_caching and pc.block_size == 32 and pc.num_blocks == 4
+    assert not BlockManager(4, 16).enable_prefix_caching  # the class's default is off, the engine's on
+
+
+def test_flag_off_is_notebook_03s_manager():
+    """With the flag off nothing is hashed or shared, and the publish/withhold calls the scheduler makes
+    whatever the flag do nothing."""
+    bm = BlockManager(8, BS)
+    a, b = seq(range(40)), seq(range(40))
+    bm.allocate(a)
+    bm.allocate(b)
+    assert a.block_table == [0, 1, 2] and b.block_table == [3, 4, 5] and b.num_cached_tokens == 0
+    assert b.num_computed_tokens == 0 and not bm.can_allocate(seq(range(40)))
+    bm.publish_full_blocks(a, 40)
+    for _ in range(9):
+        a.append_token(7)
+        bm.may_append(a)
+    bm.withhold_full_blocks(a, 0)
+    assert bm.hash_to_block_id == {} and all(block.hash == -1 for block in bm.blocks)
+    assert (bm.num_hit_blocks, bm.num_queried_blocks) == (0, 0)
+    bm.check_invariants([a, b])
 
 
 def test_shared_prefix_hits_and_ref_counts():
-    bm = PrefixCachingBlockManager(10, BS)
+    bm = BlockManager(10, BS, enable_prefix_caching=True)
     system = list(range(1000, 1040))  # 2 full blocks + 8 tokens
     a, b = seq(system + [1, 2, 3]), seq(system + [4, 5])
     bm.allocate(a)
@@ -55,7 +75,7 @@ def test_shared_prefix_hits_and_ref_counts():
 
 
 def test_never_caches_the_last_prompt_token():
-    bm = PrefixCachingBlockManager(10, BS)
+    bm = BlockManager(10, BS, enable_prefix_caching=True)
     a = seq(range(32))
     bm.allocate(a)
     b = seq(range(32))  # the whole prompt is cached: the last block must still be computed
@@ -71,7 +91,7 @@ def test_never_caches_the_last_prompt_token():
 
 
 def test_freed_blocks_are_revived_then_evicted():
-    bm = PrefixCachingBlockManager(4, BS)
+    bm = BlockManager(4, BS, enable_prefix_caching=True)
     a = seq(range(40))
     bm.allocate(a)
     old = list(a.block_table)
@@ -95,7 +115,7 @@ def test_freed_blocks_are_revived_then_evicted():
 
 
 def test_hash_hit_with_other_tokens_is_a_miss():
-    bm = PrefixCachingBlockManager(8, BS)
+    bm = BlockManager(8, BS, enable_prefix_caching=True)
     a = seq(range(40))
     bm.allocate(a)
     bm.blocks[a.block_table[0]].token_ids = [123] * BS  # simulate a hash collision
@@ -106,7 +126,7 @@ def test_hash_hit_with_other_tokens_is_a_miss():
 
 
 def test_miss_ends_the_prefix():
-    bm = PrefixCachingBlockManager(12, BS)
+    bm = BlockManager(12, BS, enable_prefix_caching=True)
     a = seq(range(64))
     bm.allocate(a)
     b = seq([7] * 16 + list(range(16, 64)) + [1])  # block 0 differs: later blocks have other chained hashes
@@ -115,7 +135,7 @@ def test_miss_ends_the_prefix():
 
 
 def test_can_allocate_counts_shared_blocks_as_free():
-    bm = PrefixCachingBlockManager(4, BS)
+    bm = BlockManager(4, BS, enable_prefix_caching=True)
     a = seq(range(48))  # 3 blocks
     bm.allocate(a)
     b = seq(list(range(48)) + [1])  # 4 blocks, 3 of them shared with a: needs only 1 free block
@@ -126,7 +146,7 @@ def test_can_allocate_counts_shared_blocks_as_free():
 
 
 def test_decode_publishes_filled_blocks():
-    bm = PrefixCachingBlockManager(8, BS)
+    bm = BlockManager(8, BS, enable_prefix_caching=True)
     s = seq(range(10))
     bm.allocate(s)
     assert bm.blocks[s.block_table[0]].hash == -1  # partly filled: not findable
@@ -141,7 +161,7 @@ def test_decode_publishes_filled_blocks():
 
 
 def test_preempted_sequence_recomputes_from_its_own_blocks_without_reporting_them():
-    bm = PrefixCachingBlockManager(8, BS)
+    bm = BlockManager(8, BS, enable_prefix_caching=True)
     s = seq(range(20))
     bm.allocate(s)
     for t in range(30):
@@ -159,7 +179,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.bm = PrefixCachingBlockManager(12, BS)
+        self.bm = BlockManager(12, BS, enable_prefix_caching=True)
         self.content = {}  # slot -> token id written there
         self.live: list[Sequence] = []
 
@@ -224,11 +244,11 @@ class CollidingHashMachine(PrefixCacheMachine):
 
     def __init__(self):
         super().__init__()
-        self._saved = prefix_cache.compute_block_hash
-        prefix_cache.compute_block_hash = lambda token_ids, prefix_hash=-1: (sum(token_ids) + max(prefix_hash, 0)) % 5
+        self._saved = block_manager.compute_block_hash
+        block_manager.compute_block_hash = lambda token_ids, prefix_hash=-1: (sum(token_ids) + max(prefix_hash, 0)) % 5
 
     def teardown(self):
-        prefix_cache.compute_block_hash = self._saved
+        block_manager.compute_block_hash = self._saved
 
 
 TestCollidingHashMachine = CollidingHashMachine.TestCase

@@ -9,7 +9,7 @@ pytest.importorskip("hypothesis")  # the dev extra: a bare GPU machine (`pytest 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanovllm_edu.engine.prefix_cache import make_block_manager
+from nanovllm_edu.engine.block_manager import make_block_manager
 from nanovllm_edu.engine.scheduler import Scheduler
 from nanovllm_edu.engine.sequence import Sequence, SequenceStatus
 from nanovllm_edu.sampling_params import SamplingParams
@@ -328,7 +328,6 @@ def test_start_running_admits_a_fork_or_preempts_it(has_blocks):
     sched = make()
     child = seq(5, max_tokens=4)
     sched.block_manager.allocate(child)
-    child.num_computed_tokens = 5  # its prompt is in its blocks (a fork of a running request)
     sched.start_running(child, 7, has_blocks)
     assert child.completion_token_ids == [7]
     if has_blocks:

@@ -9,7 +9,7 @@ import pytest
 from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.config import Config
-from nanovllm_edu.engine.engine_core import StepResult, TokenRate
+from nanovllm_edu.engine.llm_engine import StepResult, TokenRate
 from nanovllm_edu.engine.model_runner import CPU_KV_BUDGET_BYTES, ModelRunner
 
 from helpers import without_metrics

@@ -87,7 +87,7 @@ def test_a_stop_one_token_before_the_length_limit_is_a_finish(async_scheduling):
         out = llm.generate("Return the", params, use_tqdm=False)[0]
         assert out["finish_reason"] == "stop" and out["token_ids"][-1] == stop_id
         assert out["metrics"]["finished_time"] is not None
-        assert not llm.model_runner.features.token_counts.row_of  # the penalty row went back
+        assert not llm.model_runner.token_counts.row_of  # the penalty row went back
 
 
 def test_a_fork_without_a_free_block_can_stop_at_its_first_token(async_scheduling):

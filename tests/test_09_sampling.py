@@ -53,7 +53,7 @@ def test_penalties_equal_a_step_by_step_reference(llm, hf, penalties):
     for prompt, out, base in zip(prompts, outs, plain):
         assert out["token_ids"] == reference_penalised_greedy(hf, prompt, 16, **penalties)
     assert any(o["token_ids"] != b["token_ids"] for o, b in zip(outs, plain))  # the penalty did something
-    assert not llm.model_runner.features.token_counts.row_of  # every finished request gave its row back
+    assert not llm.model_runner.token_counts.row_of  # every finished request gave its row back
 
 
 def test_penalised_and_plain_requests_share_a_batch(llm, hf):

@@ -2,6 +2,7 @@
 It must never change what is generated: the scheduler driven one step ahead (with EOS stops, length limits,
 preemption, prefix caching) ends exactly where the synchronous scheduler does, and the engine's outputs are
 the same with async scheduling on and off."""
+import importlib.util
 import random
 import zlib
 from types import SimpleNamespace
@@ -14,11 +15,11 @@ from hypothesis import strategies as st
 
 from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
-from nanovllm_edu.engine.async_scheduling import AsyncPrefixCachingBlockManager, AsyncScheduler, num_pending_tokens
+from nanovllm_edu.engine.sequence import num_pending_tokens
 from nanovllm_edu.course.trace import EngineTrace
 from nanovllm_edu.engine.block_manager import BlockManager
 from nanovllm_edu.engine.observer import StepObserver
-from nanovllm_edu.engine.prefix_cache import compute_block_hash, make_block_manager
+from nanovllm_edu.engine.block_manager import compute_block_hash, make_block_manager
 from nanovllm_edu.engine.scheduler import PENDING_TOKEN, Scheduler, append_placeholder, fill_placeholder
 from nanovllm_edu.engine.sequence import Sequence
 
@@ -28,13 +29,11 @@ EOS = 0
 
 
 def make_scheduler(num_blocks, block_size=16, caching=True, sync=False, **cfg):
-    """The async engine's scheduler and block manager, or (sync=True) notebook 06's, which steps one at a time."""
+    """The engine's scheduler and block manager (one class each: async scheduling grows them in place); `sync`
+    only names how the test drives them: one step at a time."""
     fields = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 256, "eos": (EOS,),
               "mixed_steps": False, "long_prefill_token_threshold": 0} | cfg
-    if sync:
-        return Scheduler(SimpleNamespace(**fields), make_block_manager(num_blocks, block_size, caching))
-    bm = AsyncPrefixCachingBlockManager(num_blocks, block_size) if caching else BlockManager(num_blocks, block_size)
-    return AsyncScheduler(SimpleNamespace(**fields), bm)
+    return Scheduler(SimpleNamespace(**fields), make_block_manager(num_blocks, block_size, caching))
 
 
 def drive_sync(sched: Scheduler) -> None:
@@ -54,7 +53,7 @@ def fake_token(seq: Sequence, index: int) -> int:
     return EOS if h % 12 == 0 else 1 + h % 40
 
 
-def drive(sched: AsyncScheduler, ahead: bool) -> int:
+def drive(sched: Scheduler, ahead: bool) -> int:
     """Run the scheduler to the end like LLMEngine.generate; returns how many steps were planned ahead."""
     inflight, num_ahead = None, 0
     for _ in range(100_000):
@@ -123,7 +122,7 @@ def test_scheduling_ahead_happens_and_eos_overrides_a_planned_length_stop():
 
 
 def test_a_block_is_published_only_once_its_tokens_are_known():
-    bm = AsyncPrefixCachingBlockManager(8, 16)
+    bm = make_block_manager(8, 16, True)
     seq = Sequence(list(range(1, 16)), SamplingParams(), 16)  # 15 tokens: one short of a full block
     bm.allocate(seq)
     index = append_placeholder(seq)  # the 16th token is still on the GPU
@@ -154,9 +153,11 @@ def test_engine_output_is_the_same_with_and_without_async_scheduling(args):
     assert {o["finish_reason"] for o in outs} == {"stop", "length"}  # EOS stops and length stops both occur
 
 
-def test_the_async_scheduler_keeps_notebook_07s_finish_rules():
-    """Finishing has one owner: the async scheduler adds when to plan ahead, not another set of rules."""
-    assert not {"reserve", "commit", "postprocess", "stop", "_finish"} & set(vars(AsyncScheduler))
+def test_async_scheduling_grows_the_one_scheduler_in_place():
+    """Finishing has one owner: async scheduling adds when to plan ahead to notebook 06's scheduler, no subclass
+    with another set of rules (and no module of its own)."""
+    assert "can_schedule_ahead" in vars(Scheduler)
+    assert importlib.util.find_spec("nanovllm_edu.engine.async_scheduling") is None
 
 
 class EventLog(StepObserver):

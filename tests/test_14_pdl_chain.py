@@ -1,17 +1,22 @@
 """Notebook 14, third case study: small decode batches as one chain of Triton kernels under programmatic dependent
-launch (kernels/pdl_chain.py). On a CPU (Triton's interpreter): the norm kernel against notebook 02's, and how
-the layers ask the registries; on a GPU (`-m gpu`, Hopper or newer): PDL changes no bit, in a CUDA graph too."""
+launch (kernels/pdl_chain.py), run by the layers of layers/kernel_layers.py that `KernelLayers` builds. On a CPU
+(Triton's interpreter): the norm kernel against notebook 02's, and which kernel each layer chose when it was built;
+on a GPU (`-m gpu`, Hopper or newer): PDL changes no bit, in a CUDA graph too, and the layers take the chain."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from nanovllm_edu.kernels.pdl_chain import (PDL_MAX_ROWS, PLAIN_TILES, pdl_gate_up, pdl_linear, pdl_rms_norm, pdl_rows,
-                                            rms_norm_triton)
-from nanovllm_edu.kernels.skinny_gemm import skinny_gemm, triton_gate_up
-from nanovllm_edu.layers import layernorm, linear
-from nanovllm_edu.layers.activation import FUSED_GATE_UP, first_kernel
-from nanovllm_edu.layers.layernorm import NORM_KERNELS, RMSNorm, add_rms_norm, rms_norm
-from nanovllm_edu.layers.linear import LINEAR_KERNELS, Linear, MergedLinear
+from nanovllm_edu.kernels.pdl_chain import PDL_MAX_ROWS, PLAIN_TILES, rms_norm_triton
+from nanovllm_edu.kernels.skinny_gemm import GATED_TILES, skinny_gemm, tile_for, triton_gate_up
+from nanovllm_edu.layers.factory import KernelLayers, LayerFactory, layer_factory_for
+from nanovllm_edu.layers.kernel_layers import (TritonGateUp, TritonLinear, TritonQKVLinear, TritonRMSNorm,
+                                               tiles_by_rows)
+from nanovllm_edu.layers.layernorm import RMSNorm, add_rms_norm, rms_norm
+from nanovllm_edu.layers.linear import GateUp, Linear, MergedLinear, QKVLinear
+from nanovllm_edu.models.qwen3 import Qwen3ForCausalLM
+from nanovllm_edu.utils.loader import default_dtype
+
+from helpers import random_qwen3_config
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 
@@ -41,47 +46,86 @@ def test_norm_kernel_refuses_what_it_cannot_read():
     assert rms_norm_triton(x[:0], weight, 1e-6).shape == (0, 64)
 
 
-def test_layers_ask_the_registries_first(monkeypatch):
-    layer, norm, x = Linear(16, 8), RMSNorm(16), torch.randn(3, 16)
-    torch.nn.init.normal_(layer.weight)
-    calls = []
-
-    def declines(*args):
-        calls.append("declined")
-
-    monkeypatch.setattr(linear, "LINEAR_KERNELS", [declines, lambda x, layer: x[:, :8] * 0 + 7])
-    monkeypatch.setattr(layernorm, "NORM_KERNELS", [declines])
-    assert torch.equal(layer(x), torch.full((3, 8), 7.0)) and calls == ["declined"]
-    assert torch.equal(norm(x), rms_norm(x, norm.weight, norm.eps)) and calls == ["declined"] * 2
-    monkeypatch.setattr(linear, "LINEAR_KERNELS", [declines])
-    assert torch.equal(layer(x), F.linear(x, layer.weight))
-    assert first_kernel([declines, declines], x) is None
+def test_the_factory_of_a_cpu_is_the_plain_one():
+    assert type(layer_factory_for(torch.device("cpu"))) is LayerFactory
+    if not torch.cuda.is_available():
+        assert type(layer_factory_for("cuda")) is LayerFactory  # Triton's interpreter: no kernel layers either
 
 
-def test_registering_again_replaces_rather_than_duplicates():
-    import importlib
-
-    from nanovllm_edu.kernels import pdl_chain, skinny_gemm
-    from nanovllm_edu.utils.device import register_kernel
-
-    importlib.reload(skinny_gemm)  # a module imported again (as a notebook's cell beside its module) registers anew
-    importlib.reload(pdl_chain)
-    names = lambda kernels: [k.__name__ for k in kernels]  # noqa: E731
-    assert names(FUSED_GATE_UP) == ["pdl_gate_up", "triton_gate_up"]
-    assert names(LINEAR_KERNELS) == ["pdl_linear"] and names(NORM_KERNELS) == ["pdl_rms_norm"]
-    kernels = []
-    for kernel in (pdl_linear, pdl_rms_norm, pdl_linear):
-        register_kernel(kernels, kernel)
-    assert names(kernels) == ["pdl_rms_norm", "pdl_linear"]
+def test_tiles_are_looked_up_once_by_row_count():
+    w = torch.empty(4096, 1024, dtype=torch.bfloat16, device="meta")
+    tiles = tiles_by_rows(PLAIN_TILES[(4096, 1024)], w, 4096, PDL_MAX_ROWS, PDL_MAX_ROWS)
+    assert len(tiles) == PDL_MAX_ROWS and all(t["pdl"] for t in tiles)
+    assert tiles[15] == dict(tile_for(PLAIN_TILES[(4096, 1024)], 16), pdl=True) and tiles[16]["block_m"] == 32
+    gated = tiles_by_rows(GATED_TILES, torch.empty(6144, 1024, dtype=torch.bfloat16, device="meta"), 3072, 256, 32)
+    assert len(gated) == 256 and [t["pdl"] for t in gated[31:33]] == [True, False]
+    assert gated[255] == dict(tile_for(GATED_TILES, 256), pdl=False) and tile_for(GATED_TILES, 257) is None
+    assert tiles_by_rows(GATED_TILES, torch.empty(6144, 1024, device="meta"), 3072, 256, 32) == []  # float32
+    # a tile that does not divide the weight ends the table there: 16 rows' block_n of 32 divides 96 columns,
+    # 32 rows' block_n of 64 does not
+    assert len(tiles_by_rows(GATED_TILES, torch.empty(192, 384, dtype=torch.bfloat16, device="meta"), 96, 256, 0)) == 16
 
 
-def test_the_chain_is_registered_and_declines_off_a_hopper_gpu():
-    names = [k.__name__ for k in FUSED_GATE_UP]
-    assert [k.__name__ for k in LINEAR_KERNELS + NORM_KERNELS] == ["pdl_linear", "pdl_rms_norm"]
-    assert names.index("pdl_gate_up") < names.index("triton_gate_up")
-    x = rows(4, 1024, torch.bfloat16)
-    assert not pdl_rows(x) and pdl_rms_norm(x, None, RMSNorm(1024)) is None
-    assert pdl_linear(x, Linear(1024, 4096)) is None and pdl_gate_up(x, MergedLinear(1024, [3072, 3072])) is None
+def test_each_layer_holds_its_choice_from_the_build():
+    """Qwen3-0.6B's shapes in bf16 (on meta: no memory): with PDL the chain's layers for up to 32 rows and the
+    fused gate up to 256; without, only the fused gate; in float32, or for a shape the tables lack, none."""
+    from transformers import AutoConfig
+
+    from nanovllm_edu.assets import qwen3_0_6b_config_path
+
+    cfg = AutoConfig.from_pretrained(qwen3_0_6b_config_path())
+    cfg.num_hidden_layers = 1
+    with torch.device("meta"), default_dtype(torch.bfloat16):
+        chain = Qwen3ForCausalLM(cfg, KernelLayers(pdl=True)).model
+        older = Qwen3ForCausalLM(cfg, KernelLayers(pdl=False)).model
+    layer = chain.layers[0]
+    assert type(layer.self_attn.qkv_proj) is TritonQKVLinear and layer.self_attn.qkv_proj.max_rows == PDL_MAX_ROWS
+    assert type(layer.self_attn.o_proj) is TritonLinear and layer.mlp.down_proj.max_rows == PDL_MAX_ROWS
+    assert type(layer.input_layernorm) is TritonRMSNorm and chain.norm.max_rows == PDL_MAX_ROWS
+    assert type(layer.self_attn.q_norm) is RMSNorm  # per head: plain (a backend may run it with RoPE)
+    gate = layer.mlp.gate_up_proj
+    assert type(gate) is TritonGateUp and (gate.max_rows, gate.pdl_rows) == (256, PDL_MAX_ROWS)
+    layer = older.layers[0]
+    assert type(layer.self_attn.qkv_proj) is QKVLinear and type(layer.mlp.down_proj) is Linear
+    assert type(layer.post_attention_layernorm) is RMSNorm
+    assert type(layer.mlp.gate_up_proj) is TritonGateUp and layer.mlp.gate_up_proj.pdl_rows == 0
+    with torch.device("meta"):
+        assert TritonLinear(2048, 1024).max_rows == 0 and TritonRMSNorm(1024).max_rows == 0  # float32
+        with default_dtype(torch.bfloat16):  # built in the model's dtype, as build_pretrained builds
+            assert TritonLinear(2048, 1024).max_rows == PDL_MAX_ROWS and TritonRMSNorm(1024).max_rows == PDL_MAX_ROWS
+            assert TritonLinear(64, 64).max_rows == 0  # a shape PLAIN_TILES lacks
+            assert TritonLinear(2048, 1024, bias=True).max_rows == 0
+            assert TritonGateUp(MergedLinear(1024, [3072, 3072], bias=True)).max_rows == 0
+
+
+def test_kernel_layers_run_the_kernels_and_fall_back_to_notebook_02s_code():
+    """On a CPU, through Triton's interpreter (no PDL): the fused gate for the rows its tiles hold, notebook 02's
+    GateUp above; a norm and a linear layer with no tiles are notebook 02's exactly."""
+    with default_dtype(torch.bfloat16):
+        gate_up = MergedLinear(512, [128, 128])
+    torch.nn.init.normal_(gate_up.weight, std=0.05)
+    layer, plain = TritonGateUp(gate_up), GateUp(gate_up)
+    assert layer.max_rows == 256 and layer.weight is gate_up.weight
+    x = rows(4, 512, torch.bfloat16)
+    assert torch.equal(layer(x), skinny_gemm(x, gate_up.weight, gated=True, **tile_for(GATED_TILES, 4)))
+    torch.testing.assert_close(layer(x), plain(x), rtol=2e-2, atol=2e-2)
+    big = rows(257, 512, torch.bfloat16)
+    assert torch.equal(layer(big), plain(big)) and torch.equal(layer(x[:0]), plain(x[:0]))
+    norm, linear = TritonRMSNorm(64), TritonLinear(64, 32)  # float32: no kernel
+    x = torch.randn(3, 64)
+    assert torch.equal(norm(x), rms_norm(x, norm.weight, norm.eps)) and torch.equal(linear(x), F.linear(x, linear.weight))
+
+
+def test_the_mlp_runs_the_gate_layer_the_factory_built():
+    mlp = Qwen3ForCausalLM(random_qwen3_config(), KernelLayers(pdl=False)).model.layers[0].mlp
+    assert type(mlp.gate_up_proj) is TritonGateUp and mlp.gate_up_proj.max_rows == 0  # float32 weights
+    for param in mlp.parameters():
+        torch.nn.init.normal_(param, std=0.05)
+    x = torch.randn(3, mlp.gate_up_proj.weight.shape[1])
+    torch.testing.assert_close(mlp(x), mlp.down_proj(GateUp(mlp.gate_up_proj)(x)), rtol=0, atol=0)
+
+
+def test_the_tables_reach_the_chains_last_row_count():
     for tiles in PLAIN_TILES.values():  # every table reaches the chain's last row count, in increasing order
         assert [t[0] for t in tiles] == sorted(t[0] for t in tiles) and tiles[-1][0] >= PDL_MAX_ROWS
 
@@ -111,7 +155,7 @@ def test_pdl_changes_no_bit_in_a_cuda_graph(m):
                                num_stages=stages, pdl=pdl)
         h = gemm(gemm(h, qkv)[:, :2048].contiguous(), o)
         h, residual = rms_norm_triton(h, norm.weight, norm.eps, residual, pdl=pdl)
-        return gemm(triton_gate_up(h, gate_up, pdl=pdl), down), residual
+        return gemm(triton_gate_up(h, gate_up.weight, pdl=pdl), down), residual
 
     plain = layer_chain(x, residual, pdl=False)
     assert all(torch.equal(a, b) for a, b in zip(layer_chain(x, residual, pdl=True), plain))
@@ -123,9 +167,17 @@ def test_pdl_changes_no_bit_in_a_cuda_graph(m):
     static_x.copy_(x * 2)
     graph.replay()
     assert all(torch.equal(a, b) for a, b in zip(static_out, layer_chain(x * 2, residual, pdl=False)))
-    # the registered kernels take these rows and give the same bits; cuBLAS's answer is close
-    assert torch.equal(qkv(x), pdl_linear(x, qkv)) and pdl_rows(x)
-    torch.testing.assert_close(pdl_linear(x, qkv), F.linear(x, qkv.weight), rtol=2e-2, atol=2e-2)
-    assert torch.equal(norm(x), rms_norm.__wrapped__(x, norm.weight, norm.eps))
+    # the kernel layers (built in bf16: the dtype decides at build) take these rows under PDL, with the chain's
+    # bits; cuBLAS's answer is close, and one row more runs notebook 02's code
+    with torch.device(dev), default_dtype(dt):
+        fast_qkv, fast_norm = TritonLinear(1024, 4096), TritonRMSNorm(1024)
+    fast_qkv.weight.data.copy_(qkv.weight)
+    fast_norm.weight.data.copy_(norm.weight)
+    tile = tile_for(PLAIN_TILES[(4096, 1024)], m)
+    assert torch.equal(fast_qkv(x), skinny_gemm(x, qkv.weight, pdl=True, **tile))
+    torch.testing.assert_close(fast_qkv(x), F.linear(x, qkv.weight), rtol=2e-2, atol=2e-2)
+    assert torch.equal(fast_norm(x), rms_norm.__wrapped__(x, norm.weight, norm.eps))
     too_many = rows(PDL_MAX_ROWS + 1, 1024, dt, dev)
-    assert pdl_linear(too_many, qkv) is None and pdl_rms_norm(too_many, None, norm) is None
+    assert torch.equal(fast_qkv(too_many), F.linear(too_many, qkv.weight))
+    assert torch.equal(fast_norm(too_many), norm(too_many))
+    assert type(layer_factory_for(dev)) is KernelLayers and layer_factory_for(dev).pdl

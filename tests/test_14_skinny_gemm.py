@@ -1,15 +1,11 @@
 """Notebook 14, second case study: the decode GEMM (kernels/skinny_gemm.py) against torch, on a CPU through Triton's
-interpreter at small sizes and on a GPU (`-m gpu`) at Qwen3-0.6B's shapes; the fused gate's registration."""
+interpreter at small sizes and on a GPU (`-m gpu`) at Qwen3-0.6B's shapes; the fused gate's tiles."""
 import pytest
 import torch
 
-from nanovllm_edu.kernels.skinny_gemm import GATED_TILES, skinny_gemm, triton_gate_up
-from nanovllm_edu.layers import activation
-from nanovllm_edu.layers.activation import fused_gate_up, silu_and_mul
+from nanovllm_edu.kernels.skinny_gemm import GATED_TILES, skinny_gemm, tile_for, triton_gate_up
+from nanovllm_edu.layers.activation import silu_and_mul
 from nanovllm_edu.layers.linear import MergedLinear
-from nanovllm_edu.models.qwen3 import Qwen3MLP
-
-from helpers import random_qwen3_config
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, gated: bool) -> torch.Tensor:
@@ -75,35 +71,15 @@ def test_a_weight_of_another_width_is_refused():
         skinny_gemm(x, torch.cat([w, w], dim=1), block_k=64)
 
 
-def test_triton_gate_up_declines_what_it_does_not_serve():
-    layer = MergedLinear(128, [64, 64]).to(torch.bfloat16)
-    x = torch.randn(4, 128).to(torch.bfloat16)
-    assert triton_gate_up(x, layer) is None  # a CPU tensor: the MLP runs cuBLAS's stand-in, then the gate
+def test_triton_gate_up_takes_a_decode_batch_with_the_sweeps_tiles():
+    x, w = operands(4, 256, 512, torch.bfloat16)
+    assert torch.equal(triton_gate_up(x, w), skinny_gemm(x, w, gated=True, **tile_for(GATED_TILES, 4)))
+    assert error(triton_gate_up(x, w), x, w, True) <= 1.5 * error(torch_path(x, w, True), x, w, True)
+    for m in (0, GATED_TILES[-1][0] + 1):  # no rows, or a prefill: the layer runs cuBLAS and the gate instead
+        with pytest.raises(ValueError, match="1 to 256 rows"):
+            triton_gate_up(torch.zeros(m, 512, dtype=torch.bfloat16), w)
     assert GATED_TILES[-1][0] == 256 and [t[0] for t in GATED_TILES] == sorted(t[0] for t in GATED_TILES)
-
-
-def test_the_mlp_asks_registered_kernels_first(monkeypatch):
-    config = random_qwen3_config()
-    mlp = Qwen3MLP(config)
-    torch.nn.init.normal_(mlp.gate_up_proj.weight, std=0.05)
-    torch.nn.init.normal_(mlp.down_proj.weight, std=0.05)
-    x = torch.randn(3, config.hidden_size)
-    two_steps = mlp(x)
-    calls = []
-
-    def declines(x, layer):
-        calls.append("declined")
-        return None
-
-    def fused(x, layer):  # the fused kernel's contract, here computed by the interpreter
-        calls.append("fused")
-        return skinny_gemm(x, layer.weight, gated=True, block_n=16, block_k=16)
-
-    monkeypatch.setattr(activation, "FUSED_GATE_UP", [declines, fused])
-    assert fused_gate_up(x, mlp.gate_up_proj) is not None and calls == ["declined", "fused"]
-    torch.testing.assert_close(mlp(x), two_steps, rtol=1e-4, atol=1e-5)
-    monkeypatch.setattr(activation, "FUSED_GATE_UP", [declines])
-    torch.testing.assert_close(mlp(x), two_steps, rtol=0, atol=0)
+    assert tile_for(GATED_TILES, 17) == dict(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=5)
 
 
 @pytest.mark.gpu
@@ -113,13 +89,12 @@ def test_fused_gate_on_qwen3_shapes_on_the_gpu(m):
     layer = MergedLinear(1024, [3072, 3072]).to("cuda", torch.bfloat16)
     layer.weight.data = operands(1, 6144, 1024, torch.bfloat16, "cuda")[1]
     x = operands(m, 1, 1024, torch.bfloat16, "cuda", seed=1)[0]
-    fused = triton_gate_up(x, layer)
-    assert fused is not None and fused.shape == (m, 3072)
+    fused = triton_gate_up(x, layer.weight)
+    assert fused.shape == (m, 3072)
     assert error(fused, x, layer.weight, True) <= 1.5 * error(silu_and_mul(layer(x)), x, layer.weight, True)
     graph, static_x = torch.cuda.CUDAGraph(), x.clone()
     with torch.cuda.graph(graph):
-        static_out = triton_gate_up(static_x, layer)
+        static_out = triton_gate_up(static_x, layer.weight)
     static_x.copy_(x * 2)
     graph.replay()
-    assert torch.equal(static_out, triton_gate_up(x * 2, layer))
-    assert triton_gate_up(torch.randn(257, 1024, device="cuda", dtype=torch.bfloat16), layer) is None
+    assert torch.equal(static_out, triton_gate_up(x * 2, layer.weight))

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from helpers import LAYER_SHAPES, assert_close, hf, make_random_hf_qwen3, random_tokens as tokens  # noqa: F401 (hf: a fixture)
 
+from nanovllm_edu.layers.activation import silu_and_mul
 from nanovllm_edu.layers.parallel import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -138,7 +139,7 @@ def test_one_model_class_two_factories_same_block_output(tmp_path):
     shards = [Qwen3ForCausalLM.from_pretrained(tmp_path, layers=TensorParallelLayers(r, 2)) for r in range(2)]
     x = torch.randn(5, hf_model.config.hidden_size, generator=torch.Generator().manual_seed(6))
     mlps = [s.model.layers[0].mlp for s in shards]
-    partial = [F.linear(m.act_fn(F.linear(x, m.gate_up_proj.weight)), m.down_proj.weight) for m in mlps]
+    partial = [F.linear(silu_and_mul(F.linear(x, m.gate_up_proj.weight)), m.down_proj.weight) for m in mlps]
     assert_close(sum(partial), full.model.layers[0].mlp(x), rtol=1e-4)
     q_full = F.linear(x, full.model.layers[0].self_attn.qkv_proj.weight)[:, :64]
     q_parts = [F.linear(x, s.model.layers[0].self_attn.qkv_proj.weight)[:, :32] for s in shards]

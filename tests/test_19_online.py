@@ -136,10 +136,10 @@ def test_a_failing_step_ends_every_stream_and_the_engine_serves_on():
     broken = {"on": True}
     launch = llm.model_runner.launch
 
-    def failing_launch(seqs, is_prefill):
+    def failing_launch(batch):  # a ScheduledBatch
         if broken["on"]:
             raise RuntimeError("injected failure")
-        return launch(seqs, is_prefill)
+        return launch(batch)
 
     llm.model_runner.launch = failing_launch
     stream = llm.submit(PROMPTS[0], GREEDY)

@@ -1,8 +1,7 @@
-"""Appendix A1: the async-scheduling lab checker (notebook 12's `AsyncScheduler`) passes the course's scheduler
+"""Appendix A1: the async-scheduling lab checker (notebook 12's `Scheduler`) passes the course's scheduler
 and names the right check for realistic broken ones."""
 from itertools import islice
 
-from nanovllm_edu.engine.async_scheduling import AsyncScheduler
 from nanovllm_edu.engine.scheduler import Scheduler
 from nanovllm_edu.labs.async_checks import check_async_scheduling
 from nanovllm_edu.labs.report import LabReport
@@ -22,7 +21,7 @@ def failed_names(report: LabReport) -> set[str]:
 
 
 def test_our_async_scheduler_passes():
-    report = check_async_scheduling(AsyncScheduler)
+    report = check_async_scheduling(Scheduler)
     assert report.passed is True, str(report)
     assert len(report.checks) >= 5
     assert report.stage == "async scheduling (12)"
@@ -31,7 +30,7 @@ def test_our_async_scheduler_passes():
 
 # --- deliberately broken implementations -------------------------------------------------------------
 
-class NewestPlaceholderCommit(AsyncScheduler):
+class NewestPlaceholderCommit(Scheduler):
     """Commit writes each token into the sequence's newest placeholder (the one-step-at-a-time habit of
     'the last token'), which with a step planned ahead is the next step's, not this one's."""
 
@@ -39,7 +38,7 @@ class NewestPlaceholderCommit(AsyncScheduler):
         return super().commit([(seq, seq.num_tokens - 1) for seq, _ in pending], token_ids)
 
 
-class HalfPrefillAheadScheduler(AsyncScheduler):
+class HalfPrefillAheadScheduler(Scheduler):
     """Plans ahead while a prompt is half prefilled: forgets `self.prefilling`."""
 
     def can_schedule_ahead(self):
@@ -49,14 +48,14 @@ class HalfPrefillAheadScheduler(AsyncScheduler):
         return sum(bm.num_missing_blocks(seq) for seq in islice(self.running, limit)) <= bm.num_free_blocks
 
 
-class BlockBlindAheadScheduler(AsyncScheduler):
+class BlockBlindAheadScheduler(Scheduler):
     """Plans a decode ahead without asking whether the free blocks cover it (it may have to preempt)."""
 
     def can_schedule_ahead(self):
         return not self.waiting and self.prefilling is None and bool(self.running)
 
 
-class StopKeepsPlannedToken(AsyncScheduler):
+class StopKeepsPlannedToken(Scheduler):
     """An EOS at commit finishes the sequence but leaves the placeholder of the step planned past it, so the
     void token of that step is written in later."""
 
@@ -100,7 +99,7 @@ def test_stop_keeping_the_planned_placeholder_fails_only_the_eos_check():
 
 
 def test_a_stub_or_a_plain_scheduler_fails_every_check_without_raising():
-    class Stub(AsyncScheduler):
+    class Stub(Scheduler):
         def can_schedule_ahead(self):
             raise NotImplementedError("Exercise: implement Stub.can_schedule_ahead (see the markdown above)")
 
@@ -113,7 +112,7 @@ def test_a_stub_or_a_plain_scheduler_fails_every_check_without_raising():
 def test_never_planning_ahead_is_safe_but_not_async():
     """Always refusing never changes what is generated, but it is no async scheduling: the checks that need
     a step planned ahead fail, and the rules that say 'no' pass."""
-    class NeverAhead(AsyncScheduler):
+    class NeverAhead(Scheduler):
         def can_schedule_ahead(self):
             return False
 

@@ -11,7 +11,6 @@ import torch
 nbformat = pytest.importorskip("nbformat")  # the notebooks extra (a GPU machine may lack it)
 
 from nanovllm_edu.engine.block_manager import BlockManager
-from nanovllm_edu.engine.prefix_cache import PrefixCachingBlockManager
 from nanovllm_edu.engine.scheduler import Scheduler
 from nanovllm_edu.kernels.store_kvcache import store_kvcache_torch
 from nanovllm_edu.labs import (
@@ -36,7 +35,7 @@ def failed_names(report: LabReport) -> set[str]:
 
 @pytest.mark.parametrize("checker,impl", [
     (check_store_kvcache, store_kvcache_torch), (check_block_manager, BlockManager),
-    (check_prefix_cache, PrefixCachingBlockManager), (check_scheduler, Scheduler),
+    (check_prefix_cache, BlockManager), (check_scheduler, Scheduler),
     (check_sampler, Sampler), (check_sampler, Sampler()),
 ])
 def test_our_implementations_pass(checker, impl):
@@ -157,14 +156,14 @@ def test_store_into_a_copy_fails_lands_check():
     assert lands.detail == "K cache of layer 1, slot 0 (a slot of the batch) is wrong"  # names the first wrong slot
 
 
-class UnverifiedPrefixCache(PrefixCachingBlockManager):
+class UnverifiedPrefixCache(BlockManager):
     """Trusts the hash alone: a collision serves another prompt's KV."""
 
     def _match_prefix(self, seq):
-        from nanovllm_edu.engine import prefix_cache
+        from nanovllm_edu.engine import block_manager
         hits, h = [], -1
         for i in range((seq.num_tokens - 1) // self.block_size):
-            h = prefix_cache.compute_block_hash(seq.block(i), h)
+            h = block_manager.compute_block_hash(seq.block(i), h)
             block_id = self.hash_to_block_id.get(h, -1)
             if block_id == -1:
                 break
@@ -172,7 +171,7 @@ class UnverifiedPrefixCache(PrefixCachingBlockManager):
         return hits
 
 
-class NoRevivePrefixCache(PrefixCachingBlockManager):
+class NoRevivePrefixCache(BlockManager):
     """Forgets every hash when a block is freed, so freed blocks never hit."""
 
     def _release_block(self, block):
@@ -334,7 +333,7 @@ def student_dir(tmp_path_factory):
 @pytest.mark.parametrize("name,stage,stub", [
     ("03_paged_blocks", "block manager (03): 0/8", "BlockManager.__init__"),
     ("04_kv_cache", "KV store (04): 0/6", "store_kvcache_torch"),
-    ("05_prefix_hashing", "prefix cache (05): 0/8", "PrefixCachingBlockManager.__init__"),
+    ("05_prefix_hashing", "prefix cache (05): 0/8", "BlockManager.__init__"),
     ("06_scheduler", "scheduler (06): 0/6", "Scheduler.__init__"),
     ("07_model_runner", "sampler (07): 0/6", "Sampler.forward"),
     ("09_request_features", "penalties (09): 0/6", "apply_penalties"),

@@ -65,7 +65,7 @@ def prefix_lookup(llm, prompt) -> list[PrefixBlock]:
     The block manager's own `lookup` does the matching (full blocks only, never the prompt's last token,
     chained hashes verified against the stored token ids, nothing after the first miss)."""
     bm = llm.block_manager
-    if not hasattr(bm, "lookup"):
+    if not bm.enable_prefix_caching:
         raise ValueError("this engine runs without prefix caching (enable_prefix_caching=False)")
     seq = llm.make_sequence(prompt, SamplingParams(max_tokens=1))  # the engine's validation and tokenizer
     looked_up = bm.lookup(seq)

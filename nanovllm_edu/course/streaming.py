@@ -8,7 +8,7 @@ __all__ = ['StreamEvent', 'stream', 'as_prompt_list', 'stream_texts']
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..engine.llm_engine import IncrementalDetokenizer
+from ..engine.completion import IncrementalDetokenizer
 from ..sampling_params import SamplingParams
 
 # %% ../../notebooks/10_watching_the_engine.ipynb #54a35220

@@ -13,8 +13,8 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..engine.model_runner import num_decode_rows
 from ..engine.observer import StepObserver
+from ..engine.scheduler import num_decode_rows
 
 
 @dataclass

@@ -3,8 +3,7 @@
 # %% auto #0
 __all__ = ['MAX_CAPTURE_SIZE', 'PIECEWISE_TOKEN_SIZES', 'MAX_GRAPH_CHUNKS', 'FULL_GRAPH_TOKEN_SIZES', 'capture_sizes',
            'smallest_holding', 'CUDAGraphRunner', 'no_garbage_collection', 'PiecewiseGraphs', 'padded_step',
-           'FullStepGraphs', 'CUDAGraphForward', 'forward_step_counts', 'steps_between', 'graphed_forward',
-           'graph_runner']
+           'FullStepGraphs', 'CUDAGraphForward', 'forward_step_counts', 'steps_between', 'graphed_forward']
 
 # %% ../../notebooks/13_cuda_graphs.ipynb #cd9c9b42
 import math
@@ -16,7 +15,6 @@ from torch import Tensor
 
 from ..config import Config
 from .model_runner import EagerForward, ModelRunner
-from .llm_engine import RequestFeatures
 from ..layers.backends.base import PagedAttention
 from ..utils.step_inputs import StepInputs
 
@@ -359,8 +357,3 @@ def graphed_forward(runner: ModelRunner) -> EagerForward:
     `enforce_eager`: then a step never looks at graphs at all)."""
     graphs = CUDAGraphForward(runner)
     return graphs if graphs.graphs is not None else EagerForward(runner)
-
-
-def graph_runner(config: Config, rank: int = 0, device: torch.device | None = None) -> ModelRunner:
-    """Notebook 07's runner whose decode steps replay CUDA graphs."""
-    return ModelRunner(config, rank, device, forward=CUDAGraphForward, features=RequestFeatures)

@@ -23,7 +23,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..config import Config
-from ..kernels import pdl_chain  # noqa: F401  (registers notebook 14's decode kernels in every rank)
 from .model_runner import LocalRanks, ModelRunner
 from ..layers.parallel import TensorParallelLayers
 from ..utils.step_inputs import StepInputs
@@ -345,8 +344,8 @@ class TensorParallelRanks:
         self.workers, self.share = workers, share_sampled  # workers: on rank 0 only
         self.rank, self.world_size = rank, world_size
 
-    def layer_factory(self) -> TensorParallelLayers:
-        return TensorParallelLayers(self.rank, self.world_size)  # this rank's shard of every weight
+    def layer_factory(self, device: torch.device) -> TensorParallelLayers:
+        return TensorParallelLayers(self.rank, self.world_size)  # this rank's shard of every weight, in torch
 
     def run_step(self, run_local, step: StepInputs):
         return run_local() if self.workers is None else self.workers.run_step(run_local, step)

@@ -36,7 +36,7 @@ CHECKERS = {  # tag name -> (checker, the object a solution cell defines for it 
     "decode_attention": (check_decode_attention, "paged_decode"),
     "skinny_gemm": (check_skinny_gemm, "skinny_gemm"),
     "rms_norm": (check_rms_norm, "rms_norm_triton"),
-    "async_scheduling": (check_async_scheduling, "AsyncScheduler"),
+    "async_scheduling": (check_async_scheduling, "Scheduler"),
     "graph_replay": (check_graph_replay, "CUDAGraphRunner"),
     "tp_shards": (check_tp_shards, "TensorParallelLayers"),
 }

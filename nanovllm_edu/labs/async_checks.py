@@ -7,8 +7,8 @@ __all__ = ['EOS', 'BS', 'check_async_scheduling']
 """Lab checks for async scheduling (notebook 12): a scheduler class that plans step n+1 before step n's tokens
 are known. Exported from notebooks/A1_labs.ipynb.
 
-The target is notebook 12's `AsyncScheduler`: notebook 06's scheduler (`reserve` at launch, `commit` when the
-ids arrive) plus `can_schedule_ahead`. Every check drives it the way `AsyncLLMEngine.steps` does, asking
+The target is `Scheduler`: notebook 06's (`reserve` at launch, `commit` when the ids arrive) with notebook 12's
+`can_schedule_ahead`. Every check drives it the way `LLMEngine.steps` does, asking
 `can_schedule_ahead` before it plans a step ahead, with fake token ids and no model."""
 import zlib
 from types import SimpleNamespace
@@ -104,7 +104,7 @@ def _as_in_order(cls) -> None:
     for r in reqs:
         sched.add(r)
     inflight, num_ahead = None, 0
-    for _ in range(100):  # AsyncLLMEngine.steps with the scheduler alone
+    for _ in range(100):  # LLMEngine.steps with the scheduler alone
         if inflight is None and sched.is_finished():
             break
         if inflight is None:

@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['SAMPLERS', 'SAMPLER_ARGS', 'hash_uniform', 'exponential_race', 'nucleus_drop', 'Sampler', 'register_sampler',
-           'make_sampler', 'to_device', 'PenaltyInputs', 'SamplingInputs']
+           'make_sampler', 'to_device', 'PenaltyInputs', 'SamplingInputs', 'sampling_inputs']
 
 # %% ../../notebooks/07_model_runner.ipynb #c2e22867
 import torch
@@ -143,9 +143,33 @@ class SamplingInputs:
     logprob_k: int = 0  # top tokens to report per row: the most any row asks for
 
     def sampler_args(self) -> tuple:
-        """The arguments a sampler's `forward` takes after the logits."""
-        return tuple(getattr(self, f.name) for f in fields(self)[:SAMPLER_ARGS])
+        """The arguments a sampler's `forward` takes after the logits (the first SAMPLER_ARGS fields)."""
+        return (self.temperatures, self.top_ks, self.top_ps, self.seeds, self.positions, self.seeded_rows,
+                self.all_greedy, self.top_k_max)
 
 
 SAMPLER_ARGS = 8  # SamplingInputs' fields from temperatures to top_k_max
 
+# %% ../../notebooks/07_model_runner.ipynb #sampling-inputs-fn
+def sampling_inputs(seqs: list, vocab_size: int, device: torch.device) -> SamplingInputs:
+    """Per-row sampling tensors on `device` for the sequences `seqs` (their `sampling_params`, and their
+    lengths for seeded draws); top-k/top-p and seeds only when some row asks for them (the sampler then
+    skips that work)."""
+    params = [seq.sampling_params for seq in seqs]
+
+    def tensor(data, dtype):
+        return to_device(data, dtype, device)
+
+    out = SamplingInputs(tensor([p.temperature for p in params], torch.float32),
+                         all_greedy=all(p.temperature == 0 for p in params))
+    if any(p.top_k != -1 for p in params):
+        top_ks = [p.top_k if p.top_k != -1 else vocab_size for p in params]
+        out.top_ks, out.top_k_max = tensor(top_ks, torch.int64), max(top_ks)
+    if any(p.top_p < 1.0 for p in params):
+        out.top_ps = tensor([p.top_p for p in params], torch.float32)
+    seeds = [p.seed if p.seed is not None and p.temperature > 0 else -1 for p in params]  # -1: no seed (or greedy)
+    if max(seeds) >= 0:  # one pass over the batch when no row is seeded, as for the other fields
+        out.seeds = tensor(seeds, torch.int64)
+        out.positions = tensor([seq.num_tokens for seq in seqs], torch.int64)
+        out.seeded_rows = tensor([i for i, seed in enumerate(seeds) if seed >= 0], torch.int64)
+    return out

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 from transformers import AutoConfig
 
-from ..layers.activation import SiluAndMul, fused_gate_up
 from ..layers.attention import Attention
 from ..layers.factory import LayerFactory
 from ..layers.layernorm import RMSNorm
@@ -59,7 +58,7 @@ class Qwen3Attention(nn.Module):
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.o_proj = layers.output_linear(hf_config.num_attention_heads * self.head_dim, hf_config.hidden_size,
                                            bias)
-        self.q_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps)
+        self.q_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps)  # per head: a backend may run it itself
         self.k_norm = RMSNorm(self.head_dim, hf_config.rms_norm_eps)
         self.rotary_emb = rotary_emb if rotary_emb is not None else make_rope(hf_config)
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads)
@@ -81,13 +80,11 @@ class Qwen3MLP(nn.Module):
         if hf_config.hidden_act != "silu":
             raise NotImplementedError(f"hidden_act {hf_config.hidden_act!r} (only silu)")
         inter = hf_config.intermediate_size
-        self.gate_up_proj = layers.merged_linear(hf_config.hidden_size, [inter, inter], False)
-        self.act_fn = SiluAndMul()
+        self.gate_up_proj = layers.gate_up(hf_config.hidden_size, inter, False)  # [T, hidden] -> [T, inter]
         self.down_proj = layers.output_linear(inter, hf_config.hidden_size, False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gated = fused_gate_up(x, self.gate_up_proj)  # one kernel where a later notebook registered one
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)) if gated is None else gated)
+        return self.down_proj(self.gate_up_proj(x))
 
 # %% ../../notebooks/02_qwen3_model.ipynb #7048af00
 class Qwen3DecoderLayer(nn.Module):
@@ -96,10 +93,11 @@ class Qwen3DecoderLayer(nn.Module):
     def __init__(self, hf_config, layers: LayerFactory | None = None,
                  rotary_emb: RotaryEmbedding | None = None):
         super().__init__()
+        layers = layers or LayerFactory()
         self.self_attn = Qwen3Attention(hf_config, layers, rotary_emb)
         self.mlp = Qwen3MLP(hf_config, layers)
-        self.input_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
+        self.input_layernorm = layers.rms_norm(hf_config.hidden_size, hf_config.rms_norm_eps)
+        self.post_attention_layernorm = layers.rms_norm(hf_config.hidden_size, hf_config.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
                 step: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,11 +115,12 @@ class Qwen3Model(nn.Module):
 
     def __init__(self, hf_config, layers: LayerFactory | None = None):
         super().__init__()
-        self.embed_tokens = (layers or LayerFactory()).embedding(hf_config.vocab_size, hf_config.hidden_size)
+        layers = layers or LayerFactory()
+        self.embed_tokens = layers.embedding(hf_config.vocab_size, hf_config.hidden_size)
         self.rotary_emb = make_rope(hf_config)  # one cos/sin cache shared by every layer
         self.layers = nn.ModuleList(Qwen3DecoderLayer(hf_config, layers, self.rotary_emb)
                                     for _ in range(hf_config.num_hidden_layers))
-        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
+        self.norm = layers.rms_norm(hf_config.hidden_size, hf_config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: Any = None) -> torch.Tensor:
         hidden_states, residual = self.embed_tokens(input_ids), None

@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['DEVICE_CHOICES', 'resolve_device', 'triton_available', 'triton_interpreted', 'flash_attn_available',
-           'attention_paths', 'fused_on_cuda', 'first_kernel', 'register_kernel']
+           'attention_paths', 'fused_on_cuda']
 
 # %% ../../notebooks/00_setup.ipynb #048b1672
 import importlib.util
@@ -55,7 +55,6 @@ def attention_paths(device: torch.device) -> dict[str, bool]:
 
 # %% ../../notebooks/00_setup.ipynb #7f352cf8
 import functools
-from collections.abc import Callable
 
 
 def fused_on_cuda(fn):
@@ -73,16 +72,3 @@ def fused_on_cuda(fn):
         return compiled(*args, **kwargs)
 
     return wrapper
-
-
-def first_kernel(kernels: list, *args):
-    """The output of the first kernel in `kernels` that takes `args` (each returns None to decline), else None:
-    how a layer asks the kernels later notebooks register for it before running its own code."""
-    return next((out for kernel in kernels if (out := kernel(*args)) is not None), None)
-
-
-def register_kernel(kernels: list, kernel: Callable, first: bool = False) -> None:
-    """Add `kernel` to `kernels` (at the front with `first`), dropping any of the same name: re-running a
-    notebook's cell, or importing its module beside it, leaves one entry, not two."""
-    kernels[:] = [k for k in kernels if k.__name__ != kernel.__name__]
-    kernels.insert(0 if first else len(kernels), kernel)

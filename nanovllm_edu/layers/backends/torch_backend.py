@@ -4,6 +4,8 @@
 __all__ = ['TorchBackend']
 
 # %% ../../../notebooks/04_kv_cache.ipynb #2954847a
+import operator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -67,8 +69,10 @@ class TorchBackend(AttentionBackend):
     def _gather(k_cache: Tensor, v_cache: Tensor, slots: Tensor, batch: int, max_k: int) -> tuple[Tensor, Tensor]:
         """Keys and values of every sequence's context, [B, kv_heads, max_k, head_dim] each."""
         kv_heads, head_dim = k_cache.shape[-2:]
-        return tuple(c.view(-1, kv_heads * head_dim).index_select(0, slots)
-                     .view(batch, max_k, kv_heads, head_dim).transpose(1, 2) for c in (k_cache, v_cache))
+        k = k_cache.view(-1, kv_heads * head_dim).index_select(0, slots)
+        v = v_cache.view(-1, kv_heads * head_dim).index_select(0, slots)
+        return (k.view(batch, max_k, kv_heads, head_dim).transpose(1, 2),
+                v.view(batch, max_k, kv_heads, head_dim).transpose(1, 2))
 
     def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInputs, scale: float) -> Tensor:
         batch, num_heads, head_dim = q.shape
@@ -94,7 +98,7 @@ class TorchBackend(AttentionBackend):
         # the keyed objects, so an `is` match can never be a recycled id.
         key = (block_size, step, step.cu_seqlens_q, step.cu_seqlens_k, step.context_lens, step.block_tables)
         saved_key, saved_plan = self._plans.get(kind, ((), None))
-        if saved_key and all(x is y for x, y in zip(key, saved_key)):
+        if saved_key and all(map(operator.is_, key, saved_key)):  # (map: no Python frame per layer)
             return saved_plan
         plan = build()
         if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
