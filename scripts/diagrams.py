@@ -117,8 +117,8 @@ def architecture() -> Figure:
     box(3, 29.5, 24, 39, "Scheduler", ["scheduler.py (06): schedule", "-> ScheduledBatch; reserve +",
                                        "commit, abort; grown by 12:", "can_schedule_ahead"], size=7.5)
     box(27, 29.5, 44, 39, "Sequence", ["sequence.py (03)", "tokens, status,", "block_table"], size=7.5)
-    box(3, 20, 44, 26.5, "BlockManager / PrefixCachingBlockManager",
-        ["block_manager.py (03), prefix_cache.py (05)"], size=7.5)
+    box(3, 20, 44, 26.5, "BlockManager (enable_prefix_caching)",
+        ["block_manager.py (03, grown by 05)"], size=7.5)
     box(53, 20, 117, 53, "ModelRunner  (model_runner.py, 07)",
         ["one device: the model (its shard), the paged KV cache, the Sampler",
          "launch: prepare_step (a ScheduledBatch -> StepInputs), ranks.run_step(execute)",
@@ -177,7 +177,7 @@ def architecture() -> Figure:
 LESSONS = [  # (number, title, what it adds to the package), in the course's three parts
     ("make it work", [("00", "setup", "utils/device, assets"), ("01", "tokenizer", "config"),
                       ("02", "Qwen3 model", "layers/, models/"), ("03", "paged blocks", "sequence,\nblock_manager"),
-                      ("04", "KV cache", "store kernel,\nstep_inputs, backends"), ("05", "prefix hashing", "prefix_cache"),
+                      ("04", "KV cache", "store kernel,\nstep_inputs, backends"), ("05", "prefix hashing", "block_manager"),
                       ("06", "scheduler", "scheduler"), ("07", "model runner", "sampler,\nmodel_runner"),
                       ("08", "engine", "llm_engine"), ("09", "request features", "completion,\nsampling_features"),
                       ("10", "watching", "course/")]),

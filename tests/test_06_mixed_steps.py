@@ -21,7 +21,8 @@ from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.config import Config
 from nanovllm_edu.course.trace import EngineTrace
 from nanovllm_edu.engine.llm_engine import load_tokenizer
-from nanovllm_edu.engine.model_runner import ModelRunner, num_decode_rows
+from nanovllm_edu.engine.model_runner import ModelRunner
+from nanovllm_edu.engine.scheduler import num_decode_rows
 from nanovllm_edu.engine.block_manager import make_block_manager
 from nanovllm_edu.engine.scheduler import Scheduler
 from nanovllm_edu.engine.sequence import Sequence, SequenceStatus

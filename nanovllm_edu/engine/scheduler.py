@@ -320,7 +320,8 @@ def num_decode_rows(seqs: list[Sequence]) -> int:
 class ScheduledBatch:
     """One step as the scheduler planned it, split once, here: `seqs` holds the decode rows first (one token
     each), then the prefill chunks; `is_prefill` says whether there are chunks. It unpacks as
-    `seqs, is_prefill = scheduler.schedule()`; the runner and the engine read the rest."""
+    `seqs, is_prefill = scheduler.schedule()` (and `schedule()[0]` is the sequences); the runner and the engine
+    read the rest."""
     seqs: list[Sequence]
     is_prefill: bool
     num_decode_rows: int = field(init=False)  # of `seqs`, the decode rows (all of a decode step's)
@@ -333,8 +334,11 @@ class ScheduledBatch:
         self.num_tokens = sum(seq.num_scheduled_tokens for seq in seqs) if self.is_prefill else len(seqs)
         self.sampled = [seq for seq in seqs if seq.num_computed_tokens + seq.num_scheduled_tokens == seq.num_tokens]
 
-    def __iter__(self):
+    def __iter__(self):  # `seqs, is_prefill = batch`
         return iter((self.seqs, self.is_prefill))
+
+    def __getitem__(self, i: int):  # `batch[0]`: the sequences, as in the pair notebook 06 first returned
+        return (self.seqs, self.is_prefill)[i]
 
     def __len__(self) -> int:
         return len(self.seqs)

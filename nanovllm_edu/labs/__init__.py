@@ -28,7 +28,7 @@ _all_ = ["Check", "LabReport", "run_checks", "check_store_kvcache", "check_block
 CHECKERS = {  # tag name -> (checker, the object a solution cell defines for it by default)
     "store_kvcache": (check_store_kvcache, "store_kvcache_torch"),
     "block_manager": (check_block_manager, "BlockManager"),
-    "prefix_cache": (check_prefix_cache, "PrefixCachingBlockManager"),
+    "prefix_cache": (check_prefix_cache, "BlockManager"),
     "scheduler": (check_scheduler, "Scheduler"),
     "sampler": (check_sampler, "Sampler"),
     "penalties": (check_penalties, "apply_penalties"),

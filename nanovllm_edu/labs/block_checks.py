@@ -4,6 +4,7 @@
 __all__ = ['BS', 'HASH_NAMES', 'check_block_manager', 'check_prefix_cache']
 
 # %% ../../notebooks/A1_labs.ipynb #f400cc4b
+import functools
 import random
 
 from ..engine.sequence import Sequence
@@ -249,11 +250,11 @@ def _pc_evicts(cls) -> None:
         f"every block was overwritten, yet the old prompt hit {a2.num_cached_tokens} cached tokens"
 
 
-def _pc_verifies(cls) -> None:
+def _pc_verifies(cls, make) -> None:
     with _colliding_hash(cls) as found:
         if not found:  # nothing to patch: the check cannot run; say so rather than fail
             return
-        bm = cls(16, BS)
+        bm = make(16, BS)
         bm.allocate(_seq(range(40)))
         e = _seq(range(300, 340))  # different tokens, same (colliding) hashes
         bm.allocate(e)
@@ -276,23 +277,25 @@ def _pc_decode_blocks(cls) -> None:
 
 
 def check_prefix_cache(cls) -> LabReport:
-    """Conformance checks for a prefix-caching block manager class `cls(num_blocks, block_size)` (notebook 05)."""
+    """Conformance checks for a prefix-caching block manager class, built as `cls(num_blocks, block_size,
+    enable_prefix_caching=True)` (notebook 05)."""
+    make = functools.partial(cls, enable_prefix_caching=True)
     return run_checks("prefix cache (05)", [
         ("it is still a correct block manager", "shared blocks count once in num_free_blocks; a block "
-         "returns to the pool when its ref count reaches 0", lambda: _bm_random(cls, distinct=False)),
+         "returns to the pool when its ref count reaches 0", lambda: _bm_random(make, distinct=False)),
         ("a shared prefix hits the cache", "hash each full block chained with the previous hash; on a hit put "
          "the cached block in the table, ref count + 1, and set num_cached_tokens and num_computed_tokens",
-         lambda: _pc_hits(cls)),
+         lambda: _pc_hits(make)),
         ("the last prompt token is always computed", "match at most (num_tokens - 1) // block_size blocks: "
-         "the model needs the last token's logits", lambda: _pc_last_token(cls)),
+         "the model needs the last token's logits", lambda: _pc_last_token(make)),
         ("a shared block lives until its last owner leaves", "deallocate drops one reference; the block "
-         "is free only at ref count 0", lambda: _pc_refcounts(cls)),
+         "is free only at ref count 0", lambda: _pc_refcounts(make)),
         ("a freed block still hits until it is reused", "keep hash and tokens of a freed block; on a hit "
-         "take it back out of the free pool", lambda: _pc_revives(cls)),
+         "take it back out of the free pool", lambda: _pc_revives(make)),
         ("an overwritten block never hits", "when the pool hands a block out for new content, forget its old "
-         "hash (and tokens)", lambda: _pc_evicts(cls)),
+         "hash (and tokens)", lambda: _pc_evicts(make)),
         ("a hash hit is verified against the tokens", "store each cached block's token ids and compare them "
-         "on a hit: hashes can collide", lambda: _pc_verifies(cls)),
+         "on a hit: hashes can collide", lambda: _pc_verifies(cls, make)),
         ("blocks filled while decoding are cached", "in may_append, hash a block the moment its last slot "
-         "is taken", lambda: _pc_decode_blocks(cls)),
+         "is taken", lambda: _pc_decode_blocks(make)),
     ])

@@ -64,7 +64,11 @@ class TritonQKVLinear(QKVLinear):
         self.tiles = plain_tiles(self)
         self.max_rows = len(self.tiles)
 
-    forward, extra_repr = TritonLinear.forward, TritonLinear.extra_repr  # the same two methods
+    def forward(self, x: Tensor) -> Tensor:
+        return TritonLinear.forward(self, x)  # the same choice of kernel
+
+    def extra_repr(self) -> str:
+        return TritonLinear.extra_repr(self)
 
 # %% ../../notebooks/14_triton_sampler.ipynb #kl-gate
 class TritonRMSNorm(RMSNorm):
