@@ -4,7 +4,7 @@
 __all__ = ['MAX_SEED', 'check_number', 'check_count', 'stop_string_list', 'token_id_list', 'SamplingParams']
 
 # %% ../notebooks/01_tokenizer.ipynb #fc8b9eb2
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .config import is_int, is_real
 
@@ -58,9 +58,6 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted once per occurrence in the output
     repetition_penalty: float = 1.0  # > 1 shrinks the logits of tokens seen in the prompt or the output
     min_p: float = 0.0  # drops tokens less likely than min_p times the most likely one
-    # True when a penalty changes this request's logits (the sampler then counts its tokens); worked out once,
-    # here, since the runner asks it of every row of every step
-    penalised: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # strict types: a bool is not a number (True == 1) and a string is not one either
@@ -85,9 +82,13 @@ class SamplingParams:
         check_count("prompt_logprobs", self.prompt_logprobs, "top tokens to return per prompt position")
         self.stop = stop_string_list(self.stop)
         self.stop_token_ids = token_id_list("stop_token_ids", self.stop_token_ids)
-        self.penalised = self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @property
     def greedy(self) -> bool:
         """True when the request always takes the most likely (penalised) token."""
         return self.temperature == 0
+
+    @property
+    def penalised(self) -> bool:
+        """True when a penalty changes this request's logits (the sampler then counts its tokens)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1

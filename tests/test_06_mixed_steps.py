@@ -22,7 +22,7 @@ from nanovllm_edu.config import Config
 from nanovllm_edu.course.trace import EngineTrace
 from nanovllm_edu.engine.llm_engine import load_tokenizer
 from nanovllm_edu.engine.model_runner import ModelRunner
-from nanovllm_edu.engine.scheduler import num_decode_rows
+from nanovllm_edu.engine.scheduler import ScheduledBatch, num_decode_rows
 from nanovllm_edu.engine.block_manager import make_block_manager
 from nanovllm_edu.engine.scheduler import Scheduler
 from nanovllm_edu.engine.sequence import Sequence, SequenceStatus
@@ -425,7 +425,7 @@ def test_prepare_mixed_rows_and_attention_equal_two_separate_steps(runner):
         n = num_decode_rows(seqs)
         assert is_prefill and 0 < n < len(seqs) and n == (1 if k == 0 else 3)
         step = runner.prepare_mixed(seqs, n)
-        assert runner.prepare_step(seqs, is_prefill).input_ids.tolist() == step.input_ids.tolist()
+        assert runner.prepare_step(ScheduledBatch(seqs, is_prefill)).input_ids.tolist() == step.input_ids.tolist()
         assert step.is_mixed and step.num_decode_rows == n and step.num_seqs == len(seqs)
         ids, pos, slots, cu_q, cu_k, logits = expected_inputs(seqs, n)
         assert step.input_ids.tolist() == ids and step.positions.tolist() == pos

@@ -225,7 +225,7 @@ def test_unfittable_requests_rejected():
 
 def test_no_work_and_stuck_cache():
     sched = make(num_blocks=4)
-    assert sched.schedule() == ([], False)
+    assert tuple(sched.schedule()) == ([], False)
     sched.block_manager.allocate(seq(40))
     sched.add(seq(40, max_tokens=1))
     with pytest.raises(RuntimeError, match="1 of 4 blocks are free"):

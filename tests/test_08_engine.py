@@ -137,11 +137,11 @@ def test_interrupted_generate_frees_everything(llm, reference_tokens):
     calls = {"n": 0}
     original = llm.model_runner.launch
 
-    def flaky(seqs, is_prefill):
+    def flaky(batch):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return original(seqs, is_prefill)
+        return original(batch)
 
     llm.model_runner.launch = flaky
     try:
