@@ -78,3 +78,24 @@ def test_the_scheduler_splits_the_batch_once(engine):
     assert seqs is batch.seqs and is_prefill
     engine.scheduler.reserve(batch.seqs)
     engine.abort_all()
+
+
+def test_observe_takes_an_observer_and_only_observers_get_events(engine):
+    from nanovllm_edu.engine.observer import StepObserver
+
+    with pytest.raises(TypeError, match="takes a StepObserver.*got object"):
+        with engine.observe(object()):
+            pass
+    assert engine.observer.watches is False  # refused before anything was attached
+
+    class Count(StepObserver):
+        def __init__(self):
+            self.steps = 0
+
+        def step_finished(self, engine, seqs, is_prefill, finished):
+            self.steps += 1
+
+    assert Count.watches and not StepObserver.watches
+    with engine.observe(Count()) as count:
+        engine.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert count.steps == 3 and engine.observer.watches is False

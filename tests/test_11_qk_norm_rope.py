@@ -146,7 +146,7 @@ def test_gpu_qwen3_shapes_match_the_modules():
     positions, q, k, wq, wk, cache = qkv_case(256, 16, 8, 128, torch.bfloat16, device="cuda", seed=7,
                                               max_position=40960)
     ours = qk_norm_rope(positions, q, k, wq, wk, EPS, EPS, cache)
-    eager = rotate_qk.__wrapped__(positions, rms_norm.__wrapped__(q, wq, EPS), rms_norm.__wrapped__(k, wk, EPS),
+    eager = rotate_qk(positions, rms_norm(q, wq, EPS), rms_norm(k, wk, EPS),
                                   cache)
     # the eager ops round where the kernel does: under 1% of values may differ (summation order); torch.compile
     # keeps float32 between the norm and the gain, so ~30% of values differ from it by a bf16 ulp (H200)

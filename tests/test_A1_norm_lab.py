@@ -24,8 +24,8 @@ def failed(report: LabReport) -> set[str]:
 def eager(x, weight, eps, residual=None):
     """Notebook 02's functions as written: the reference passes its own checks."""
     if residual is None:
-        return rms_norm.__wrapped__(x, weight, eps)
-    return add_rms_norm.__wrapped__(x, residual, weight, eps)
+        return rms_norm(x, weight, eps)
+    return add_rms_norm(x, residual, weight, eps)
 
 
 def test_the_kernel_and_notebook_02s_functions_pass():
@@ -51,7 +51,7 @@ def test_a_float32_residual_sum_fails_the_residual_check_and_says_so():
         if residual is None:
             return eager(x, weight, eps)
         total = x.float() + residual.float()
-        return rms_norm.__wrapped__(total, weight.float(), eps).to(x.dtype), total.to(x.dtype)
+        return rms_norm(total, weight.float(), eps).to(x.dtype), total.to(x.dtype)
     report = check_rms_norm(float32_sum)
     assert failed(report) == {RESIDUAL} and "round x + residual to bf16 first" in report.failed[0].detail
 

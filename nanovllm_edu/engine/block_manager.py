@@ -137,7 +137,9 @@ class BlockManager:
     # %% ../../notebooks/03_paged_blocks.ipynb #e46b105b
     def num_missing_blocks(self, seq: Sequence) -> int:
         """Blocks `seq` lacks to hold all its tokens (1 when its newest token starts a block)."""
-        return seq.num_blocks - len(seq.block_table)
+        # `seq.num_blocks` in the manager's own arithmetic (as nano-vllm's can_append): asked for every decode row of
+        # every step, it stays one expression on plain counters
+        return (seq.num_tokens + self.block_size - 1) // self.block_size - len(seq.block_table)
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether the pool can give `seq` room for its newest token."""

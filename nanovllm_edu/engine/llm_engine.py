@@ -224,12 +224,11 @@ class LLMEngine:
     def launch(self) -> "InflightStep":
         """Notebook 08's `launch`, which also stamps when a step first takes a request."""
         observer = self.observer
-        watched = type(observer) is not StepObserver  # the base watches nothing: its events are not sent
-        if watched:
+        if observer.watches:
             observer.step_started(self)
         with observer.part("schedule"):
             batch = self.scheduler.schedule()
-        if watched:
+        if observer.watches:
             observer.step_scheduled(self, batch.seqs, batch.is_prefill)
         if batch.is_prefill:  # only a prefill step can be a sequence's first
             now = time.monotonic()
@@ -250,7 +249,7 @@ class LLMEngine:
             finished = self.scheduler.commit(step.pending, token_ids)
             finished = self.record_outputs(step.output, step.pending, finished, forked)
         batch = step.batch
-        if type(self.observer) is not StepObserver:  # someone watches
+        if self.observer.watches:
             self.observer.step_finished(self, batch.seqs, batch.is_prefill, finished)
         return StepResult(finished, batch.num_tokens, batch.is_prefill, batch.num_decode_rows)
 
@@ -271,8 +270,11 @@ class LLMEngine:
     @contextmanager
     def observe(self, observer: StepObserver) -> Iterator[StepObserver]:
         """Attach `observer` to this engine and its model runner inside the block, beside any attached already."""
+        if not isinstance(observer, StepObserver):
+            raise TypeError(f"observe() takes a StepObserver (subclass it and write the events you need), got "
+                            f"{type(observer).__name__}")
         saved = self.observer
-        combined = observer if type(saved) is StepObserver else ObserverGroup([saved, observer])
+        combined = ObserverGroup([saved, observer]) if saved.watches else observer
         self.observer = self.model_runner.observer = combined
         try:
             yield observer

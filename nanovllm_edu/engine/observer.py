@@ -17,6 +17,11 @@ class StepObserver:
     (notebook 12) and finish in the order they started, unless an attached observer asks for
     `one_step_at_a_time`."""
     one_step_at_a_time = False  # True: the engine waits for each step before it starts the next
+    watches = False  # this base watches nothing, so the engine sends it no events; every subclass watches
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.watches = True
 
     # `part(name)` is a context around one part of a step; here contextlib's `nullcontext` itself, so that a
     # step nobody watches runs no observer code for its parts (a subclass writes a method)

@@ -121,7 +121,7 @@ class Scheduler:
         # the step's rows go longest context first: the attention kernel then starts the longest rows' work first.
         # A prompt whose one remaining token is its last (a mixed step's) goes after the true decodes: it computes
         # like a decode but has no token being sampled, so the runner counts it as a chunk
-        return sorted(scheduled, key=lambda seq: (seq.num_completion_tokens == 0, -seq.num_tokens))
+        return sorted(scheduled, key=lambda seq: (seq.num_tokens == seq.num_prompt_tokens, -seq.num_tokens))
 
     # %% ../../notebooks/06_scheduler.ipynb #c4f8e381
     def schedule(self) -> "ScheduledBatch":
@@ -304,7 +304,7 @@ class Scheduler:
 # %% ../../notebooks/06_scheduler.ipynb #batch-code
 def is_decode_row(seq: Sequence) -> bool:
     """A sequence past its prompt that computes one token, its newest (a prompt's last token is a chunk)."""
-    return seq.num_completion_tokens > 0 and seq.num_scheduled_tokens == 1 and seq.num_computed_tokens == seq.num_tokens - 1
+    return seq.num_tokens > seq.num_prompt_tokens and seq.num_scheduled_tokens == 1 and seq.num_computed_tokens == seq.num_tokens - 1
 
 
 def num_decode_rows(seqs: list[Sequence]) -> int:

@@ -36,7 +36,7 @@ def _rounded_once(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def _rn_bits(norm: Callable) -> None:
     for m, hidden in SHAPES:
         x, _, weight = _inputs(m, hidden, seed=m)
-        out, want = norm(x, weight, EPS), rms_norm.__wrapped__(x, weight, EPS)
+        out, want = norm(x, weight, EPS), rms_norm(x, weight, EPS)
         if not (out.shape == want.shape and out.dtype == want.dtype and torch.equal(out, want)):
             why = ("it equals the gain applied before rounding: round the normalised x to the model's dtype, then "
                    "multiply by the gain and round again" if torch.equal(out, _rounded_once(x, weight)) else
@@ -49,8 +49,8 @@ def _rn_bits(norm: Callable) -> None:
 
 def _rn_residual(norm: Callable) -> None:
     x, residual, weight = _inputs(6, 1024, seed=2)
-    want, want_residual = add_rms_norm.__wrapped__(x, residual, weight, EPS)
-    unrounded = rms_norm.__wrapped__(x.float() + residual.float(), weight.float(), EPS).to(x.dtype)
+    want, want_residual = add_rms_norm(x, residual, weight, EPS)
+    unrounded = rms_norm(x.float() + residual.float(), weight.float(), EPS).to(x.dtype)
     got = norm(x, weight, EPS, residual)
     assert isinstance(got, tuple) and len(got) == 2, "with a residual, return (normalised, new residual)"
     out, new_residual = got

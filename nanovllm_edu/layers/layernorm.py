@@ -7,10 +7,9 @@ __all__ = ['rms_norm', 'add_rms_norm', 'RMSNorm']
 import torch
 from torch import nn
 
-from ..utils.device import fused_on_cuda
+from ..utils.device import fused_on
 
 
-@fused_on_cuda
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     "`x / sqrt(mean(x²) + eps) * weight` over the last dimension, statistics in float32."
     dtype = x.dtype
@@ -19,12 +18,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x.to(dtype)  # same rounding order as transformers: cast, then scale
 
 
-@fused_on_cuda
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     "`residual + x`, normalised; returns (normalised, new residual): one pass over memory when fused."
     residual = x + residual  # in the model's dtype, exactly as the unfused layer rounds it
-    return rms_norm.__wrapped__(residual, weight, eps), residual
+    return rms_norm(residual, weight, eps), residual
 
 # %% ../../notebooks/02_qwen3_model.ipynb #6366b248
 class RMSNorm(nn.Module):
@@ -34,12 +32,14 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size))
+        # chosen once, on the device the weight was built on: one compiled kernel each on a GPU (notebook 00)
+        self.norm, self.add_norm = fused_on(self.weight.device, rms_norm), fused_on(self.weight.device, add_rms_norm)
 
     def forward(self, x: torch.Tensor,
                 residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
-            return rms_norm(x, self.weight, self.eps)
-        return add_rms_norm(x, residual, self.weight, self.eps)
+            return self.norm(x, self.weight, self.eps)
+        return self.add_norm(x, residual, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .activation import silu_and_mul
+from ..utils.device import fused_on
 
 
 def copy_weight(param: torch.Tensor, loaded: torch.Tensor) -> None:
@@ -76,9 +77,10 @@ class GateUp(nn.Module):
     def __init__(self, gate_up: MergedLinear):
         super().__init__()
         self.weight, self.bias = gate_up.weight, gate_up.bias
+        self.gate = fused_on(self.weight.device, silu_and_mul)  # one kernel on a GPU instead of three (notebook 00)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return silu_and_mul(F.linear(x, self.weight, self.bias))
+        return self.gate(F.linear(x, self.weight, self.bias))
 
     def extra_repr(self) -> str:
         return f"in={self.weight.shape[1]}, out={self.weight.shape[0] // 2}, gate and up in one GEMM"

@@ -7,7 +7,7 @@ __all__ = ['get_rope_theta', 'apply_rotary_emb', 'RotaryEmbedding', 'rotate_qk']
 import torch
 from torch import nn
 
-from ..utils.device import fused_on_cuda
+from ..utils.device import fused_on
 
 
 def get_rope_theta(hf_config) -> float:
@@ -37,17 +37,17 @@ class RotaryEmbedding(nn.Module):
         # not persistent: derived from the config, never stored in (or loaded from) a checkpoint
         cache = torch.cat((angles.cos(), angles.sin()), dim=-1)  # [P, d]: cos | sin
         self.register_buffer("cos_sin_cache", cache, persistent=False)
+        self.rotate = fused_on(cache.device, rotate_qk)  # one compiled kernel on a GPU (notebook 00)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         "Rotate q [T, heads, d] and k [T, kv_heads, d]; token t sits at `positions[t]`."
-        return rotate_qk(positions, q, k, self.cos_sin_cache)
+        return self.rotate(positions, q, k, self.cos_sin_cache)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_position={self.max_position}, base={self.base:g}"
 
 
-@fused_on_cuda
 def rotate_qk(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
               cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     "Look up each token's cos/sin row and rotate q and k: one fused kernel on a GPU."

@@ -30,6 +30,16 @@ def _paged_slots(block_tables: Tensor, ctx_lens: Tensor, max_k: int, block_size:
     valid = (pos[None, :] < ctx_lens[:, None]) & (blocks >= 0)
     return torch.where(valid, slots, 0).reshape(-1)  # slot 0 is finite garbage that the mask hides
 
+
+def _gather_context(k_cache: Tensor, v_cache: Tensor, slots: Tensor, batch: int,
+                    max_k: int) -> tuple[Tensor, Tensor]:
+    """Keys and values at `slots` (`_paged_slots`): each sequence's context, [B, kv_heads, max_k, head_dim] each."""
+    kv_heads, head_dim = k_cache.shape[-2:]
+    k = k_cache.view(-1, kv_heads * head_dim).index_select(0, slots)
+    v = v_cache.view(-1, kv_heads * head_dim).index_select(0, slots)
+    return (k.view(batch, max_k, kv_heads, head_dim).transpose(1, 2),
+            v.view(batch, max_k, kv_heads, head_dim).transpose(1, 2))
+
 # %% ../../../notebooks/04_kv_cache.ipynb #d5853dbf
 class TorchBackend(AttentionBackend):
     """Paged attention in plain PyTorch: the CPU engine's attention and the reference for GPU kernels."""
@@ -60,25 +70,16 @@ class TorchBackend(AttentionBackend):
                       for x in (k, v))
             out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
         else:
-            kp, vp = self._gather(k_cache, v_cache, plan["slots"], batch, plan["max_k"])
+            kp, vp = _gather_context(k_cache, v_cache, plan["slots"], batch, plan["max_k"])
             out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=plan["mask"], scale=scale, enable_gqa=True)
         out = out.transpose(1, 2).reshape(batch * max_q, num_heads, head_dim)
         return out.index_select(0, plan["unpad_idx"])
-
-    @staticmethod
-    def _gather(k_cache: Tensor, v_cache: Tensor, slots: Tensor, batch: int, max_k: int) -> tuple[Tensor, Tensor]:
-        """Keys and values of every sequence's context, [B, kv_heads, max_k, head_dim] each."""
-        kv_heads, head_dim = k_cache.shape[-2:]
-        k = k_cache.view(-1, kv_heads * head_dim).index_select(0, slots)
-        v = v_cache.view(-1, kv_heads * head_dim).index_select(0, slots)
-        return (k.view(batch, max_k, kv_heads, head_dim).transpose(1, 2),
-                v.view(batch, max_k, kv_heads, head_dim).transpose(1, 2))
 
     def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInputs, scale: float) -> Tensor:
         batch, num_heads, head_dim = q.shape
         kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
         plan = self._cached_plan("decode", step, block_size, lambda: self._decode_plan(step, q.device, block_size))
-        kp, vp = self._gather(k_cache, v_cache, plan["slots"], batch, plan["max_k"])
+        kp, vp = _gather_context(k_cache, v_cache, plan["slots"], batch, plan["max_k"])
         # GQA without copies: the query heads of one KV head form the rows of one [group, head_dim] matrix.
         qg = q.reshape(batch, kv_heads, num_heads // kv_heads, head_dim)
         out = F.scaled_dot_product_attention(qg, kp, vp, attn_mask=plan["mask"], scale=scale)
