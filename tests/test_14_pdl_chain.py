@@ -112,6 +112,7 @@ def test_kernel_layers_run_the_kernels_and_fall_back_to_notebook_02s_code():
     big = rows(257, 512, torch.bfloat16)
     assert torch.equal(layer(big), plain(big)) and torch.equal(layer(x[:0]), plain(x[:0]))
     norm, linear = TritonRMSNorm(64), TritonLinear(64, 32)  # float32: no kernel
+    torch.nn.init.normal_(linear.weight)  # a layer's weight starts as torch.empty: garbage (NaN != NaN) until loaded
     x = torch.randn(3, 64)
     assert torch.equal(norm(x), rms_norm(x, norm.weight, norm.eps)) and torch.equal(linear(x), F.linear(x, linear.weight))
 

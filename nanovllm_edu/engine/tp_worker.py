@@ -233,9 +233,10 @@ class WorkerGroup:
 
     def check_alive(self) -> None:
         "Raise WorkerDiedError if a worker has ended (MissingMainGuardError if it could not start from a script)."
+        dead = self.dead_workers()  # first: is_alive() reaps an ended worker; only then is its exit code known
         if any(proc.exitcode == MAIN_GUARD_EXIT_CODE for proc in self.procs):
             raise MissingMainGuardError(MAIN_GUARD_HELP)
-        if dead := self.dead_workers():
+        if dead:
             raise WorkerDiedError(f"tensor-parallel worker {dead} died; the engine is shut down, "
                                   "create a new LLM")
 
