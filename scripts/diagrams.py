@@ -483,6 +483,50 @@ def mixed_step() -> Figure:
                     "concatenates the outputs in row order.", fontsize=7.5, color=NOTE, va="top", linespacing=1.35)
     return fig
 
+# --- 07: a chunked prefill step, row by row ------------------------------------------------------------------
+
+def chunked_batch() -> Figure:
+    """One prefill step of notebook 07's toy: A's whole prompt and the first chunk of B's, as the rows of StepInputs."""
+    bs, x0, k = 16, 12, 4.2  # block size; where row 0 is drawn; units per row
+    a_ids, b_ids = list(range(100, 105)), list(range(200, 219))  # A: 5 prompt tokens; B: 19 of its 30
+    a_table, b_table = [0], [1, 2]
+    rows = [("A", t, p, a_table[p // bs] * bs + p % bs) for p, t in enumerate(a_ids)]
+    rows += [("B", t, p, b_table[p // bs] * bs + p % bs) for p, t in enumerate(b_ids)]
+    fig, ax = canvas(13.5, 5.0, 12 + 24 * 4.2 + 14, 56, ymin=6)
+    title(ax, 58, 54, "One prefill step, row by row: what prepare_prefill builds",
+          "budget 24 tokens (max_num_batched_tokens): A's 5-token prompt whole, B's 30-token prompt chunked "
+          "(19 now, 11 next step); block size 16, A's blocks [0], B's [1, 2]")
+    colour = {"A": BLUE, "B": ORANGE}
+    for y, label, field in ((40, "input_ids", 1), (34, "positions", 2), (28, "slot_mapping", 3)):
+        ax.text(x0 - 1, y + 1.6, label, ha="right", va="center", fontsize=8, family="monospace")
+        for i, row in enumerate(rows):
+            box(ax, x0 + i * k, y, k, 3.2, str(row[field]), fc=colour[row[0]], size=6.5)
+    for i in range(len(rows)):
+        ax.text(x0 + (i + 0.5) * k, 44.2, str(i), ha="center", va="bottom", fontsize=6, color=NOTE)
+    ax.text(x0 - 1, 44.9, "row", ha="right", va="center", fontsize=7, color=NOTE)
+    # which sequence each row belongs to: cu_seqlens_q
+    for name, lo, hi in (("A: rows 0-4, its whole prompt", 0, 5), ("B: rows 5-23, its first chunk (positions 0-18)", 5, 24)):
+        arrow(ax, (x0 + lo * k + 0.3, 48.5), (x0 + hi * k - 0.3, 48.5), style="<|-|>", lw=0.9)
+        ax.text(x0 + (lo + hi) / 2 * k, 49.6, name, ha="center", va="bottom", fontsize=7.5)
+    for cut in (0, 5, 24):
+        ax.plot([x0 + cut * k] * 2, [26.5, 47.5], color=RED, lw=1.2, ls="--")
+        ax.text(x0 + cut * k, 25.6, str(cut), ha="center", va="top", fontsize=7.5, color=RED, fontweight="bold")
+    ax.text(x0 - 1, 24.9, "cu_seqlens_q", ha="right", va="center", fontsize=8, family="monospace", color=RED)
+    ax.text(x0 + 24 * k + 2.5, 24.9, "= [0, 5, 24]", va="center", fontsize=7.5, color=RED)
+    # a slot: block_table[position // block_size] * block_size + position % block_size
+    ax.text(x0 + 16.5 * k, 21.5, "row 21: B's position 16 starts its second block: slot = 2 * 16 + 0 = 32",
+            ha="center", va="center", fontsize=7.2, color=NOTE)
+    arrow(ax, (x0 + 21.5 * k, 22.6), (x0 + 21.5 * k, 27.8), color=NOTE, lw=0.8)
+    # the one row that gets logits
+    arrow(ax, (x0 + 4.5 * k, 27.8), (x0 + 4.5 * k, 17.5), color=RED, lw=1.4)
+    box(ax, x0 + 0.5 * k, 12.5, 8 * k, 5, "logits row 0 = hidden row 4 (logits_indices = [4])\n"
+        "-> the sampler -> A's first completion token", fc=GREEN, size=7.5)
+    ax.text(x0 + 10 * k, 17.5, "B's rows get no logits: its prompt is not complete (row 23 is position 18 of 30).\n"
+            "Next step: B's 11 remaining tokens, positions 19-29, cu_seqlens_q = [0, 11], cu_seqlens_k = [0, 30]\n"
+            "(they attend to the 19 keys already in the cache, read through B's block table); logits_indices = [10].",
+            va="top", fontsize=7.5, color=NOTE, linespacing=1.4)
+    return fig
+
 # --- 11: online softmax and the decode kernel's grid -------------------------------------------------------
 
 def online_softmax() -> Figure:
@@ -834,6 +878,7 @@ DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawi
     "prefix_hash_chain": (prefix_hash_chain, "05_prefix_hashing"),
     "scheduler_step": (scheduler_step, "06_scheduler"),
     "mixed_step": (mixed_step, "06_scheduler"),
+    "chunked_batch": (chunked_batch, "07_model_runner"),
     "online_softmax": (online_softmax, "11_triton_attention"),
     "decode_grid": (decode_grid, "11_triton_attention"),
     "async_timeline": (async_timeline, "12_async_scheduling"),
