@@ -24,8 +24,9 @@ from starlette.exceptions import HTTPException
 
 from ..online import OnlineLLM, RequestOutput, RequestStream
 from .protocol import (
-    APIError, OpenAIRequest, StreamChunks, chat_prompt_ids, check_context_length, check_model, detokenize_body,
-    parse_chat_request, parse_completion_request, response_body, sampling_params, sse, tokenize_body)
+    APIError, OpenAIRequest, StreamChunks, chat_prompt_ids, check_context_length, check_model, parse_chat_request,
+    parse_completion_request, response_body, sampling_params, sse)
+from .tokenize import detokenize_body, tokenize_body
 
 logger = logging.getLogger("nanovllm_edu.serve")
 

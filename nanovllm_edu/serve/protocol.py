@@ -2,12 +2,11 @@
 
 # %% auto #0
 __all__ = ['MAX_LOGPROBS', 'COMPLETION_MAX_TOKENS', 'MAX_PROMPTS', 'SAMPLING_FIELDS', 'COMMON_FIELDS', 'COMPLETION_FIELDS',
-           'CHAT_FIELDS', 'IGNORED_FIELDS', 'UNSUPPORTED_FIELDS', 'TOKENIZE_FIELDS', 'APIError', 'OpenAIRequest',
-           'take', 'top_count', 'check_fields', 'parse_common', 'check_model', 'completion_prompts',
-           'parse_completion_request', 'chat_messages', 'parse_chat_request', 'chat_prompt_ids', 'sampling_params',
-           'check_context_length', 'token_text', 'completion_logprobs', 'chat_logprobs', 'choice_logprobs',
-           'prompt_text', 'echo_logprobs', 'vllm_prompt_logprobs', 'choice_start', 'shown', 'sse', 'usage', 'joined',
-           'response_body', 'StreamChunks', 'check_tokenizer_request', 'tokenize_body', 'detokenize_body']
+           'CHAT_FIELDS', 'IGNORED_FIELDS', 'UNSUPPORTED_FIELDS', 'APIError', 'OpenAIRequest', 'take', 'top_count',
+           'check_fields', 'parse_common', 'check_model', 'completion_prompts', 'parse_completion_request',
+           'chat_messages', 'parse_chat_request', 'chat_prompt_ids', 'sampling_params', 'check_context_length',
+           'token_text', 'completion_logprobs', 'chat_logprobs', 'choice_logprobs', 'prompt_text', 'echo_logprobs',
+           'vllm_prompt_logprobs', 'choice_start', 'shown', 'sse', 'usage', 'joined', 'response_body', 'StreamChunks']
 
 # %% ../../notebooks/21_openai_protocol.ipynb #srv-s1-code
 """OpenAI's request and response bodies (exported from notebooks/21_openai_protocol.ipynb): a request body (a dict
@@ -465,47 +464,3 @@ class StreamChunks:
     def last(self, results: list[dict]) -> list[dict]:
         """The chunks after the last token: the usage, when asked for."""
         return [self.chunk([], usage(self.request, results))] if self.request.include_usage else []
-
-# %% ../../notebooks/21_openai_protocol.ipynb #srv-tok-code
-TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                   "chat_template_kwargs", "return_token_strs"}
-
-
-def check_tokenizer_request(body, fields: set, tokenizer, served_model_name: str) -> None:
-    """What /tokenize and /detokenize both check first: known fields, the model's name, a tokenizer to use."""
-    check_fields(body, fields)
-    check_model(take(body, "model", (str,), "the served model's name"), served_model_name)
-    if tokenizer is None:
-        raise APIError("this model has no tokenizer", None)
-
-
-def tokenize_body(body, tokenizer, served_model_name: str, max_model_len: int) -> dict:
-    """vLLM's POST /tokenize: a `prompt` (with `add_special_tokens`, default true) or chat `messages` (through
-    the chat template, `add_generation_prompt` default true) -> its token ids, their count and max_model_len."""
-    check_tokenizer_request(body, TOKENIZE_FIELDS, tokenizer, served_model_name)
-    if (body.get("prompt") is None) == (body.get("messages") is None):
-        raise APIError("give either prompt (a string) or messages (a chat), not both and not neither", "prompt")
-
-    def flag(name: str, default: bool) -> bool:
-        value = take(body, name, (bool,), "true or false")
-        return default if value is None else value
-
-    if body.get("messages") is not None:
-        kwargs = take(body, "chat_template_kwargs", (dict,), 'an object such as {"enable_thinking": false}') or {}
-        ids = chat_prompt_ids(tokenizer, chat_messages(body["messages"]), kwargs,
-                              flag("add_generation_prompt", True))
-    else:
-        prompt = take(body, "prompt", (str,), "a string")
-        ids = tokenizer.encode(prompt, add_special_tokens=flag("add_special_tokens", True))
-    strs = tokenizer.convert_ids_to_tokens(ids) if flag("return_token_strs", False) else None
-    return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs}
-
-
-def detokenize_body(body, tokenizer, served_model_name: str, vocab_size: int) -> dict:
-    """vLLM's POST /detokenize: `tokens` (ids in the vocabulary) -> their text as `prompt`."""
-    check_tokenizer_request(body, {"model", "tokens"}, tokenizer, served_model_name)
-    tokens = body.get("tokens")
-    if not isinstance(tokens, list) or not all(is_int(t) and 0 <= t < vocab_size for t in tokens):
-        raise APIError(f"tokens must be a list of token ids in [0, {vocab_size}), got {json.dumps(tokens)[:60]}",
-                       "tokens")
-    return {"prompt": tokenizer.decode(tokens)}
