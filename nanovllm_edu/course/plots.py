@@ -7,6 +7,7 @@ __all__ = ['PREFILL', 'DECODE', 'PREEMPT', 'plot_trace']
 """Plots of engine traces (exported from notebooks/10_watching_the_engine.ipynb)."""
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .trace import StepRecord, relabel
 
@@ -30,6 +31,7 @@ def plot_trace(records: list[StepRecord], title: str = "engine trace") -> Figure
         for seq_id in r.finished:
             ax_seq.plot(r.step + 0.5, seq_id, "|", color="black", markersize=10)
     ax_seq.set_ylabel("sequence")
+    ax_seq.yaxis.set_major_locator(MaxNLocator(integer=True))  # sequence ids: whole numbers
     ax_seq.invert_yaxis()
     ax_seq.set_title(title)
     ax_seq.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=PREFILL), plt.Rectangle((0, 0), 1, 1, color=DECODE),
@@ -54,6 +56,7 @@ def plot_trace(records: list[StepRecord], title: str = "engine trace") -> Figure
             for ax in (ax_tok, ax_kv):
                 ax.axvline(r.step, color=PREEMPT, linewidth=0.8, alpha=0.6)
     ax_kv.set_ylabel("blocks / seqs")
+    ax_kv.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of blocks and sequences
     ax_kv.set_xlabel("engine step")
     ax_kv.legend(loc="upper right", fontsize=8, ncol=2)
     fig.tight_layout()
