@@ -16,8 +16,13 @@ the call every step makes once. `--step-function QUALNAME` overrides it (exact c
 one bounded by two entries is reported (4 tokens: launch decode 2 + complete decode 1, never the prefill),
 its modules in order of first visit, model-side ones collapsed into "model".
 
-Run: python scripts/trace_request.py [--json out.json] [--step-function QUALNAME]
+Tables for docs/architecture.md (no trace runs): `--sizes` prints each module's lines, by layer, in markdown;
+`--writers` prints each module's notebooks, read from its header (`File(s) to edit`). `--draw PNG` also draws
+the traced decode step's modules in order, engine side above the model side, with their calls in that step.
+
+Run: python scripts/trace_request.py [--json out.json] [--step-function QUALNAME] [--draw PNG] [--sizes] [--writers]
 """
+import re
 import argparse
 import json
 import subprocess
@@ -83,6 +88,84 @@ class Tracer:
         self.events.append((module, entry))
 
 
+LAYERS = ("kernels", "layers", "models", "utils", "engine", "(top)", "serve", "bench", "course", "labs", "assets")
+
+
+def layer_of(module: str) -> str:
+    top = module.split("/")[0]
+    return top if top in LAYERS else "(top)"
+
+
+def package_files() -> list[str]:
+    """The package's modules, by layer (bottom first), then by path."""
+    files = [p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py") if "__pycache__" not in p.parts]
+    return sorted(files, key=lambda m: (LAYERS.index(layer_of(m)), m))
+
+
+def sizes_table() -> str:
+    rows = ["| layer | module | lines |", "|---|---|---:|"]
+    totals: Counter[str] = Counter()
+    for m in package_files():
+        n = len((PKG / m).read_text(encoding="utf-8").splitlines())
+        totals[layer_of(m)] += n
+        rows.append(f"| {layer_of(m)} | `{m}` | {n} |")
+    rows.append(f"| all | {len(package_files())} modules | {sum(totals.values())} |")
+    return "\n".join(rows) + "\n\nlines per layer: " + ", ".join(f"{k} {v}" for k, v in totals.items())
+
+
+HEADER_NOTEBOOK = re.compile(r"^#.*?(?:\.\./)+notebooks/([^ /,]+?)\.ipynb")
+
+
+def writers_of(module: str) -> list[str]:
+    """The notebooks a module's header names (its lines before the first cell marker)."""
+    found = []
+    for line in (PKG / module).read_text(encoding="utf-8").splitlines():
+        if line.startswith("# %%"):
+            break
+        if (match := HEADER_NOTEBOOK.match(line)):
+            found.append(match.group(1))
+    return found
+
+
+def writers_table() -> str:
+    rows = ["| module | notebooks (header, in course order) |", "|---|---|"]
+    for m in package_files():
+        names = writers_of(m)
+        rows.append(f"| `{m}` | {', '.join(names) if names else '(hand-written package marker)'} |")
+    return "\n".join(rows)
+
+
+def draw(path: Path, window: list[str]) -> None:
+    """The decode step's modules in order of first visit, engine side on top, model side below, with calls."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    calls = Counter(window)
+    order = list(dict.fromkeys(window))
+    fig, ax = plt.subplots(figsize=(8, 0.36 * len(order) + 1.2))
+    ax.axis("off")
+    ax.set_xlim(0, 10)
+    ax.set_ylim(len(order) + 0.2, -1.4)
+    x_of = lambda m: 7.0 if is_model(m) else 2.5
+    for i, m in enumerate(order):
+        color = "#e3f1df" if is_model(m) else "#fdf1e1"
+        ax.text(x_of(m), i, f"{i + 1}. {m}  ({calls[m]} calls)", ha="center", va="center", fontsize=8,
+                bbox={"boxstyle": "round,pad=0.25", "fc": color, "ec": "#555555"})
+        if i:
+            ax.annotate("", (x_of(m), i - 0.3), (x_of(order[i - 1]), i - 0.7),
+                        arrowprops={"arrowstyle": "-|>", "color": "#c0392b", "lw": 1})
+    ax.text(2.5, -0.9, "engine side", ha="center", fontsize=9, fontweight="bold", va="center")
+    ax.text(7.0, -0.9, "model side (layers/, kernels/, models/, utils/)", ha="center", fontsize=9,
+            fontweight="bold", va="center")
+    ax.set_title(f"One decode step of the traced {TRACED.split('(')[0]} (4 tokens, tiny model, CPU):\n"
+                 f"modules in order of first visit, {len(window)} calls, {switches(window)} engine<->model switches",
+                 fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
 def switches(modules: list[str]) -> int:
     return sum(is_model(a) != is_model(b) for a, b in pairwise(modules))
 
@@ -99,7 +182,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the numbers to this JSON file")
     parser.add_argument("--step-function", help="co_qualname of the step function (default: engine launch)")
+    parser.add_argument("--draw", type=Path, help="draw the decode step's modules into this PNG")
+    parser.add_argument("--sizes", action="store_true", help="print the modules' sizes (markdown) and stop")
+    parser.add_argument("--writers", action="store_true", help="print each module's notebooks (markdown) and stop")
     args = parser.parse_args()
+    if args.sizes or args.writers:
+        print("\n\n".join(table() for flag, table in ((args.sizes, sizes_table), (args.writers, writers_table))
+                           if flag))
+        return
     llm = LLM(tiny_model_path(), device="cpu")
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     llm.generate(["Return the"], params, use_tqdm=False)  # warm-up, untraced
@@ -141,6 +231,9 @@ def main() -> None:
         print(f"  {ours:{width}}   {theirs}")
     print(f"\ntargets: engine-side modules {len(engine_modules)} (<= 10), switches {out['switches']} "
           "(<= 150)")
+    if args.draw:
+        draw(args.draw, window)
+        print(f"drew {args.draw}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
 
