@@ -6,7 +6,8 @@
 #   ../../notebooks/12_async_scheduling.ipynb
 
 # %% auto #0
-__all__ = ['Prompt', 'TOKENIZER_FILES', 'load_tokenizer', 'StepResult', 'LLMEngine', 'decoded_text', 'InflightStep', 'TokenRate']
+__all__ = ['Prompt', 'TOKENIZER_FILES', 'load_tokenizer', 'StepResult', 'LLMEngine', 'decoded_text', 'wrong_type', 'InflightStep',
+           'TokenRate']
 
 # %% ../../notebooks/08_engine_core.ipynb #a2a6dd6f
 import numbers
@@ -154,8 +155,8 @@ class LLMEngine:
                 raise ValueError(f"{self.config.model!r} has no tokenizer files; pass prompts as lists of token ids")
             return self.tokenizer.encode(prompt)
         if not isinstance(prompt, (list, tuple)):
-            raise ValueError(f"a prompt must be a string or a list of token ids (ints), got {type(prompt).__name__} "
-                             f"{prompt!r:.40}")
+            raise wrong_type("a prompt", prompt, "a string or a list of token ids (ints)",
+                             "pass the text, or its token ids as a list")
         prompt = [_plain(t) for t in prompt]
         odd = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool)]
         if odd:
@@ -171,7 +172,7 @@ class LLMEngine:
     def make_sequence(self, prompt: Prompt, sampling_params: SamplingParams) -> Sequence:
         """Validate one request completely and build its Sequence (nothing is queued yet)."""
         if not isinstance(sampling_params, SamplingParams):
-            raise ValueError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
+            raise wrong_type("sampling_params", sampling_params, "SamplingParams", "pass one SamplingParams(...) per prompt")
         token_ids = self._to_token_ids(prompt)
         if not token_ids:
             raise ValueError("a prompt is empty; every prompt needs at least one token")
@@ -206,7 +207,7 @@ class LLMEngine:
         elif not isinstance(sampling_params, (list, tuple)):
             fix = f"SamplingParams(**{sampling_params!r})" if isinstance(sampling_params, dict) else "SamplingParams(...)"
             raise ValueError(f"sampling_params must be SamplingParams or a list of them, got "
-                             f"{type(sampling_params).__name__}; pass {fix}")
+                             f"{type(sampling_params).__name__}; pass {fix}")  # the fix shows the value
         elif len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} SamplingParams for {len(prompts)} prompts; pass one "
                              "SamplingParams for all, or exactly one per prompt")
@@ -425,6 +426,11 @@ def decoded_text(tokenizer, seq: Sequence) -> str:
     return tokenizer.decode(shown, skip_special_tokens=True) if tokenizer is not None else ""
 
 # %% ../../notebooks/08_engine_core.ipynb #79092487
+def wrong_type(name: str, value, expected: str, fix: str) -> ValueError:
+    """The error for an argument of the wrong type: it names the argument, the value (cut short) and the fix."""
+    return ValueError(f"{name} must be {expected}, got {type(value).__name__} {value!r:.40}; {fix}")
+
+
 def _plain(x):
     """A numpy array or torch tensor (or one of their scalars) as plain Python lists and numbers."""
     return x.tolist() if hasattr(x, "tolist") and hasattr(x, "ndim") else x
