@@ -286,8 +286,8 @@ def kv_cache_slots() -> Figure:
                 size=7.5)
     ax.text(16, 28, "kv_cache[0] = K, kv_cache[1] = V;\nk_cache = kv_cache[0, layer] is what\nlayer `layer`'s "
                     "attention reads and writes", ha="center", va="top", fontsize=7.5, color=NOTE, linespacing=1.3)
-    arrow(ax, (28, 34), (40, 34), color=NOTE)
-    ax.text(34, 31.5, "one layer's K", ha="center", fontsize=7, color=NOTE, style="italic")
+    arrow(ax, (9, 41.5), (43.5, 42.5), color=NOTE, rad=-0.25)  # from the K stack, over the V stack
+    ax.text(24, 45.2, "one layer's K", ha="center", fontsize=7, color=NOTE, style="italic")
     # the slot grid of one layer's K
     x0, y0, cw, ch = 44, 10, 6, 4
     ax.text(x0 + block_size * cw / 2, y0 + num_blocks * ch + 2.4, "k_cache viewed as [num_slots, kv_heads, head_dim]",
@@ -834,10 +834,10 @@ def pdl_chain() -> Figure:
     """Kernels of one layer in a CUDA graph, launched in stream order and with programmatic dependent launch."""
     fig, ax = canvas(12, 4.6, 120, 46)
     title(ax, 60, 44, "Programmatic dependent launch: the next kernel is resident before the previous one ends",
-          "three kernels of a decode layer for a few rows; durations illustrative (a few us each, the gaps well "
+          "the MLP's chained kernels (norm, gate_up GEMM with the gate, down GEMM) for a few rows; QK-norm + RoPE launches normally; durations illustrative (a few us each, the gaps well "
           "under one)")
     k = 2.6  # drawing units per illustrative time unit
-    kernels = [("norm", 5, BLUE), ("qkv GEMM", 12, ORANGE), ("qk-norm + RoPE", 7, GREEN)]
+    kernels = [("norm", 5, BLUE), ("gate_up", 12, ORANGE), ("down", 7, GREEN)]
     gap, start_cost = 1.2, 1.5  # the launch gap, then the programs' start (scheduled, first operands loaded)
     for name, y in (("stream order", 28), ("PDL", 9)):
         ax.text(2, y + 6.5, name, fontsize=10, fontweight="bold")
@@ -870,9 +870,43 @@ def pdl_chain() -> Figure:
     return fig
 
 
+def generate_timeline() -> Figure:
+    """One `generate` call over time: validate and queue, then schedule -> run -> postprocess per step, then results."""
+    fig, ax = canvas(12, 4.6, 120, 46)
+    title(ax, 60, 44, "One generate call: requests in, one step per loop turn, results out",
+          "two prompts, greedy, max_tokens=3; step 1 prefills both prompts, steps 2-3 decode; durations illustrative")
+    lanes = {"LLMEngine": 30, "Scheduler": 20, "ModelRunner": 10}
+    for name, y in lanes.items():
+        ax.text(2, y + 1.7, name, fontsize=8.5, fontweight="bold", va="center")
+        ax.hlines([y + 1.7], 16, 117, color="#dddddd", lw=0.8)
+    box(ax, 16, 30, 9, 3.4, "make_requests\n(validate)", fc=GREY, size=6.5)
+    box(ax, 25.5, 30, 5, 3.4, "queue", fc=GREY, size=6.5)
+    t = 32.0
+    for n, (kind, width) in enumerate([("prefill", 12), ("decode", 7), ("decode", 7)], start=1):
+        start = t
+        box(ax, t, 20, 5.5, 3.4, "schedule", fc=BLUE, size=6)
+        t += 5.5
+        box(ax, t, 10, width, 3.4, f"run: {kind}", fc=ORANGE, size=6.5)
+        t += width
+        box(ax, t, 20, 7, 3.4, "postprocess", fc=GREEN, size=6)
+        t += 7
+        arrow(ax, (start + 2.7, 30), (start + 2.7, 23.6), lw=0.8)
+        ax.text(start, 35.5, f"step {n}", fontsize=7.5)
+        box(ax, start, 30, t - start - 0.5, 3.4, "step()", fc="white", size=7)
+        t += 1.0
+    ax.text(t - 8, 17.3, "finished:\nblocks freed", fontsize=6.5, va="top")
+    box(ax, t, 30, 10, 3.4, "results in\nprompt order", fc=GREY, size=6.5)
+    ax.text(16, 4.5, "while not scheduler.is_finished(): batch = scheduler.schedule(); token_ids = runner.run(batch); "
+                     "scheduler.postprocess(batch.seqs, token_ids)", fontsize=7, family="monospace")
+    ax.text(16, 1.5, "run = launch (prepare + execute) then token_ids (wait); a bad request fails in make_requests, "
+                     "before any step", fontsize=7, color=INK)
+    return fig
+
+
 DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawing, the lesson that shows it)
     "course_map": (course_map, "00_setup"),
     "architecture": (architecture, "08_engine_core"),
+    "generate_timeline": (generate_timeline, "08_engine_core"),
     "block_tables": (block_tables, "03_paged_blocks"),
     "kv_cache_slots": (kv_cache_slots, "04_kv_cache"),
     "prefix_hash_chain": (prefix_hash_chain, "05_prefix_hashing"),
