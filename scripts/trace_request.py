@@ -22,7 +22,6 @@ the traced decode step's modules in order, engine side above the model side, wit
 
 Run: python scripts/trace_request.py [--json out.json] [--step-function QUALNAME] [--draw PNG] [--sizes] [--writers]
 """
-import re
 import argparse
 import json
 import subprocess
@@ -39,6 +38,9 @@ from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
 
 PKG = Path(nanovllm_edu.__file__).resolve().parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from import_rules import load_modules  # the tests' reader of module headers and cell markers
+
 MODEL_DIRS = ("layers", "kernels", "models", "utils")
 STEP_MODULES = ("engine/llm_engine.py", "llm.py")
 NANO_VLLM = ("llm_engine", "scheduler", "block_manager", "sequence", "model_runner", "context",
@@ -105,32 +107,20 @@ def package_files() -> list[str]:
 def sizes_table() -> str:
     rows = ["| layer | module | lines |", "|---|---|---:|"]
     totals: Counter[str] = Counter()
-    for m in package_files():
+    files = package_files()
+    for m in files:
         n = len((PKG / m).read_text(encoding="utf-8").splitlines())
         totals[layer_of(m)] += n
         rows.append(f"| {layer_of(m)} | `{m}` | {n} |")
-    rows.append(f"| all | {len(package_files())} modules | {sum(totals.values())} |")
+    rows.append(f"| all | {len(files)} modules | {sum(totals.values())} |")
     return "\n".join(rows) + "\n\nlines per layer: " + ", ".join(f"{k} {v}" for k, v in totals.items())
-
-
-HEADER_NOTEBOOK = re.compile(r"^#.*?(?:\.\./)+notebooks/([^ /,]+?)\.ipynb")
-
-
-def writers_of(module: str) -> list[str]:
-    """The notebooks a module's header names (its lines before the first cell marker)."""
-    found = []
-    for line in (PKG / module).read_text(encoding="utf-8").splitlines():
-        if line.startswith("# %%"):
-            break
-        if (match := HEADER_NOTEBOOK.match(line)):
-            found.append(match.group(1))
-    return found
 
 
 def writers_table() -> str:
     rows = ["| module | notebooks (header, in course order) |", "|---|---|"]
+    writers = {module.path.relative_to(PKG).as_posix(): module.writers for module in load_modules(PKG).values()}
     for m in package_files():
-        names = writers_of(m)
+        names = [name.removesuffix(".ipynb") for name in writers[m]]
         rows.append(f"| `{m}` | {', '.join(names) if names else '(hand-written package marker)'} |")
     return "\n".join(rows)
 
