@@ -2,9 +2,10 @@
 and names the right check for realistic broken ones."""
 from itertools import islice
 
+from lab_helpers import failed_names
+
 from nanovllm_edu.engine.scheduler import Scheduler
 from nanovllm_edu.labs.async_checks import check_async_scheduling
-from nanovllm_edu.labs.report import LabReport
 
 PLANS = "a decode is planned before the previous step's tokens are known"
 OLDEST = "commit fills the oldest placeholder first"
@@ -14,10 +15,6 @@ WAITING = "nothing is planned ahead while a request waits"
 HALF = "planning ahead waits for the last chunk of a prompt"
 BLOCKS = "a decode is planned ahead exactly when the free blocks cover it"
 NOBODY = "nothing is planned ahead when nobody runs"
-
-
-def failed_names(report: LabReport) -> set[str]:
-    return {c.name for c in report.failed}
 
 
 def test_our_async_scheduler_passes():

@@ -5,9 +5,9 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from lab_helpers import failed_names
 
 from nanovllm_edu.labs.backend_checks import check_attention_backend
-from nanovllm_edu.labs.report import LabReport
 from nanovllm_edu.layers.backends.torch_backend import TorchBackend
 from nanovllm_edu.utils.device import triton_available
 
@@ -18,10 +18,6 @@ PREFIX = "prefill reads a cached prefix through the block table"
 DECODE = "decode attends to each sequence's whole context through its blocks"
 GQA = "GQA: query head h reads KV head h // group"
 SHAPES = "outputs are [tokens, num_heads, head_dim] in q's dtype"
-
-
-def failed_names(report: LabReport) -> set[str]:
-    return {c.name for c in report.failed}
 
 
 @pytest.mark.parametrize("backend", [TorchBackend, TorchBackend()], ids=["class", "instance"])

@@ -7,9 +7,10 @@ import nanovllm_edu  # noqa: F401  (before triton: sets TRITON_INTERPRET=1 when 
 
 pytest.importorskip("triton")
 
+from lab_helpers import failed_names
+
 from nanovllm_edu.kernels.paged_attention import paged_decode
 from nanovllm_edu.labs.decode_attention_checks import check_decode_attention, reference_decode
-from nanovllm_edu.labs.report import LabReport
 
 ONE_BLOCK = "one sequence inside one block"
 BLOCKS = "a context spanning several non-adjacent blocks"
@@ -18,10 +19,6 @@ GQA2, GQA4 = "GQA with 2 query heads per KV head", "GQA with 4 query heads per K
 UNEVEN = "a batch of uneven contexts"
 BF16 = "bfloat16 inputs within 2e-2"
 SHAPE = "the output has q's shape, dtype and device; inputs unchanged"
-
-
-def failed_names(report: LabReport) -> set[str]:
-    return {c.name for c in report.failed}
 
 
 @pytest.fixture(scope="module")

@@ -1,20 +1,17 @@
 """Appendix A1: the engine lab checker (notebook 08's `LLMEngine`) passes the course's engine and names the
 right check for realistic broken ones."""
+from lab_helpers import failed_names
+
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.engine.llm_engine import LLMEngine
 from nanovllm_edu.engine.model_runner import ModelRunner
 from nanovllm_edu.labs.engine_checks import BASE, check_engine, lab_prompts
-from nanovllm_edu.labs.report import LabReport
 from nanovllm_edu.sampling_params import SamplingParams
 
 DEFAULT = "greedy tokens equal transformers' (one prefill, then decodes)"
 CHUNKED = "chunked prefill does not change the tokens"
 PREEMPT = "preemption does not change the tokens"
 BIG_BLOCKS = "a large block size does not change the tokens"
-
-
-def failed_names(report: LabReport) -> set[str]:
-    return {c.name for c in report.failed}
 
 
 def test_our_engine_passes():

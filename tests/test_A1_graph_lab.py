@@ -3,10 +3,10 @@ realistic broken ones (each overrides one method)."""
 import time
 
 import torch
+from lab_helpers import failed_names
 
 from nanovllm_edu.engine.cuda_graph import CUDAGraphRunner
 from nanovllm_edu.labs.graph_checks import check_graph_replay
-from nanovllm_edu.labs.report import LabReport
 
 PADDED_SIZE = "padded_size picks the smallest graph that holds the batch"
 INPUTS = "a step is copied into the first rows of the buffers and replays its graph"
@@ -16,10 +16,6 @@ BLOCK_TABLES = "stale block-table columns are never read"
 EAGER = "steps of different sizes replay like the eager model"
 CAPTURE_ORDER = "capture goes largest first into one shared pool"
 CAPTURE_BUFFERS = "each graph is captured on the static buffers after a warm-up"
-
-
-def failed_names(report: LabReport) -> set[str]:
-    return {c.name for c in report.failed}
 
 
 def test_our_runner_passes_quickly():

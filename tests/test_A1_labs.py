@@ -10,27 +10,29 @@ import torch
 
 nbformat = pytest.importorskip("nbformat")  # the notebooks extra (a GPU machine may lack it)
 
+from lab_helpers import failed_names
+
 from nanovllm_edu.engine.block_manager import BlockManager
 from nanovllm_edu.engine.scheduler import Scheduler
 from nanovllm_edu.kernels.store_kvcache import store_kvcache_torch
 from nanovllm_edu.labs import (
     CHECKERS,
-    LabReport,
     check_block_manager,
     check_prefix_cache,
     check_sampler,
     check_scheduler,
     check_store_kvcache,
 )
-from nanovllm_edu.labs.student import (find_notebooks, make_student, make_student_notebook, solution_groups,
-                                      stub_source)
+from nanovllm_edu.labs.student import (
+    find_notebooks,
+    make_student,
+    make_student_notebook,
+    solution_groups,
+    stub_source,
+)
 from nanovllm_edu.layers.sampler import Sampler
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def failed_names(report: LabReport) -> set[str]:
-    return {c.name for c in report.failed}
 
 
 @pytest.mark.parametrize("checker,impl", [

@@ -1,6 +1,7 @@
 """The KV-store lab's second exercise (notebook 04): the Triton store kernel is graded by the same checker as the
 torch store, and the checker names the failed check for realistic broken kernels (Triton's interpreter on a CPU)."""
 import pytest
+from lab_helpers import failed_names
 
 from nanovllm_edu.kernels.store_kvcache import HAS_TRITON, store_kvcache
 from nanovllm_edu.labs import check_store_kvcache
@@ -59,10 +60,6 @@ def launcher(kernel):
                                 value.stride(0), value.stride(1), NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
                                 BLOCK_H=triton.next_power_of_2(num_kv_heads))
     return store
-
-
-def failed_names(report) -> set[str]:
-    return {c.name for c in report.failed}
 
 
 def test_the_lessons_triton_kernel_passes():

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from lab_helpers import failed_names
 
 from nanovllm_edu.labs.report import LabReport
 from nanovllm_edu.labs.tp_checks import check_tp_shards
@@ -30,10 +31,6 @@ FEW_KV = "fewer KV heads than ranks: refused or replicated"
 VOCAB = "vocab-parallel: a rank holds its vocabulary rows"
 LOOKUP = "vocab-parallel lookups sum to the full embedding"
 COMPOSE = "column then row: the summed partials equal the full layers"
-
-
-def failed_names(report: LabReport) -> set[str]:
-    return {c.name for c in report.failed}
 
 
 def check(report: LabReport, name: str):
