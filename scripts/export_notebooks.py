@@ -3,6 +3,7 @@
     python scripts/export_notebooks.py            # write nanovllm_edu/ from notebooks/
     python scripts/export_notebooks.py --check    # fail if exporting would change any file
     python scripts/export_notebooks.py --only 07_model_runner   # write the modules that notebook writes
+    python scripts/export_notebooks.py --stage 09   # .stages/09/nanovllm_edu: the package lessons 00-09 build
 
 nbdev's machinery reads the notebooks (`NBProcessor`, `ExportModuleProc`: the `#| default_exp` and
 `#| export` directives, imports made relative, `__all__`, settings from `[tool.nbdev]` in pyproject.toml).
@@ -11,9 +12,16 @@ This script then composes each module from every notebook that writes it, in cou
 replaces it in place, a `@patch`-ed method is folded into its class's body), and writes every module whole,
 so the export is idempotent and the package holds plain classes. A module's header names every notebook that
 wrote it, in course order; each cell's code keeps the marker of the cell that wrote it.
+
+A lesson runs on the package as the course stands at its end (its *stage*, `stage_package`): lesson 09's kernel
+imports the runner that 07, 08 and 09 wrote, nothing of what 12, 13 or 15 add later, and its cells grow the
+runner again step by step; so a later lesson's refactor never reaches back into an earlier lesson. Stages are
+composed by the same rules into `.stages/NN/` (ignored by git), rebuilt when one of their notebooks changes
+(under a second).
 """
 import argparse
 import filecmp
+import hashlib
 import os
 import shutil
 import sys
@@ -46,11 +54,11 @@ class Writing:
     in_all: list
 
 
-def collect(root: Path) -> dict[str, list[Writing]]:
-    """Module name -> what each notebook writes into it, in course order."""
+def collect(root: Path, notebooks: list[Path] | None = None) -> dict[str, list[Writing]]:
+    """Module name -> what each notebook (default: every course notebook) writes into it, in course order."""
     cfg = get_config(root)
     writers: dict[str, list[Writing]] = {}
-    for nb in course_notebooks(root / cfg.nbs_path.name):
+    for nb in notebooks if notebooks is not None else course_notebooks(root / cfg.nbs_path.name):
         exp = ExportModuleProc()
         NBProcessor(nb, [exp]).process()
         for mod, cells in exp.modules.items():
@@ -88,12 +96,13 @@ def compose(name: str, writings: list[Writing], lib_path: Path) -> str:
             + composer.render() + "\n")
 
 
-def export_all(root: Path, only: str | None = None) -> dict[str, list[Path]]:
-    """Write every module (or those the notebook whose name starts with `only` writes) into the package;
-    return module file -> the notebooks that wrote it."""
-    lib_path = root / get_config(root).lib_path.name
+def export_all(root: Path, only: str | None = None, lib_path: Path | None = None,
+               notebooks: list[Path] | None = None) -> dict[str, list[Path]]:
+    """Write every module (or those the notebook whose name starts with `only` writes) into the package (or
+    into `lib_path`, from `notebooks` only); return module file -> the notebooks that wrote it."""
+    lib_path = lib_path or root / get_config(root).lib_path.name
     written = {}
-    for name, writings in collect(root).items():
+    for name, writings in collect(root, notebooks).items():
         notebooks = [w.notebook for w in writings]
         if only is not None and not any(nb.name.startswith(only) for nb in notebooks):
             continue
@@ -101,8 +110,42 @@ def export_all(root: Path, only: str | None = None) -> dict[str, list[Path]]:
         text = compose(name, writings, lib_path)
         fname.parent.mkdir(parents=True, exist_ok=True)
         fname.write_text(text, encoding="utf-8")
-        written[str(fname.relative_to(root))] = notebooks
+        written[str(fname.relative_to(root))] = [w.notebook for w in writings]
     return written
+
+
+def stage_package(root: Path, lesson: str) -> Path:
+    """The folder to put first on `sys.path` so that `import nanovllm_edu` is the package as the numbered lessons
+    up to `lesson` ("09" or "09_request_features") export it, with the package's data files (the tiny model,
+    the tokenizer). Built under `.stages/NN/`, again only when one of those notebooks or the exporter changed."""
+    cfg = get_config(root)
+    lessons = [nb for nb in course_notebooks(root / cfg.nbs_path.name) if nb.name[:1].isdigit() and nb.name[:2] <= lesson[:2]]
+    package = root / cfg.lib_path.name
+    stamp = hashlib.sha256()
+    for path in [*lessons, Path(__file__), Path(__file__).with_name("compose_modules.py")]:
+        stamp.update(path.name.encode() + path.read_bytes())
+    stage = root / ".stages" / lesson[:2]
+    if (stage / "stamp").exists() and (stage / "stamp").read_text() == stamp.hexdigest():
+        return stage
+    tmp = Path(tempfile.mkdtemp(dir=root / ".stages" if (root / ".stages").exists() else root, prefix=".stage-"))
+    for path in package.rglob("*"):  # data and hand-written files (empty __init__.py of folders)
+        if path.is_file() and "__pycache__" not in path.parts and not (
+                path.suffix == ".py" and "AUTOGENERATED! DO NOT EDIT!" in path.read_text(encoding="utf-8")):
+            target = tmp / package.name / path.relative_to(package)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, target)  # the data files are 15 MB: one copy on disk serves every stage
+            except OSError:
+                shutil.copy2(path, target)
+    export_all(root, lib_path=tmp / package.name, notebooks=lessons)
+    (tmp / "stamp").write_text(stamp.hexdigest())
+    stage.parent.mkdir(exist_ok=True)
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        tmp.rename(stage)  # whole or not at all: two kernels may build the same stage at once
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return stage
 
 
 def check(root: Path) -> list[str]:
@@ -128,8 +171,12 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="fail if exporting would change any file")
     ap.add_argument("--only", metavar="NOTEBOOK", help="write only the modules the notebook whose name starts "
                     "with this writes (each composed from all its notebooks)")
+    ap.add_argument("--stage", metavar="NN", help="build the package the numbered lessons up to NN export, "
+                    "into .stages/NN/, and print its folder")
     args = ap.parse_args()
-    if args.check:
+    if args.stage:
+        print(stage_package(ROOT, args.stage))
+    elif args.check:
         changed = check(ROOT)
         if changed:
             print("exported modules are out of sync with the notebooks; run "

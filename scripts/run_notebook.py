@@ -25,6 +25,7 @@ def run_one(path: Path) -> int:
     shell = InteractiveShell.instance(colors="nocolor")
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
     os.chdir(path.parent)
+    sys.path.insert(0, str(path.parent.resolve()))  # as a kernel started there has it: notebooks/course_stage.py
     for number, cell in enumerate(cells, 1):
         source = "".join(cell["source"])
         print(f"\n----- {path.name} cell {number}/{len(cells)} (id {cell.get('id', '?')}) -----", flush=True)

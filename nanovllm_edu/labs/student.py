@@ -8,6 +8,7 @@ __all__ = ['SOLUTION_TAG', 'EXERCISE_TAG', 'STUB_TAG', 'RUNS_STUBS_TAG', 'YOURS'
 # %% ../../notebooks/A1_labs.ipynb #227c4d6f
 import ast
 import copy
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -190,4 +191,6 @@ def make_student(out_dir: str | Path, notebooks: str | Path | None = None, force
         student, n = make_student_notebook(nbformat.read(path, as_version=4))
         nbformat.write(student, out / path.name)
         written[path.name] = n
+    if (src / "course_stage.py").exists():  # each lesson's first cell imports it (the package as the lesson leaves it)
+        shutil.copy(src / "course_stage.py", out / "course_stage.py")
     return written
