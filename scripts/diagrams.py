@@ -123,11 +123,11 @@ def architecture() -> Figure:
         ["one device: the model (its shard), the paged KV cache, the Sampler",
          "launch: prepare_step (a ScheduledBatch -> StepInputs), ranks.run_step(execute)",
          "execute: device_inputs, forward, sample; token_ids: wait",
-         "its own methods, grown in place by 09 and 12, and its two parts (build_runner):"], "runner")
+         "its own methods, grown in place by 09 and 12, and two parts (13, 15; build_runner):"], "runner")
     box(55, 21.5, 74, 34, "grown in place", ["prepare_step (07, 12)", "prepare_sample, sample,",
                                              "release (09)", "last_sampled (12)"], "runner", size=7.5)
-    parts = [("ranks", ["LocalRanks (07) |", "TensorParallelRanks (15)", "tp_worker.py", "run_step, call, wait"]),
-             ("forward", ["EagerForward (07) |", "CUDAGraphForward (13)", "cuda_graph.py",
+    parts = [("ranks", ["LocalRanks (15) |", "TensorParallelRanks (15)", "tp_worker.py", "run_step, call, wait"]),
+             ("forward", ["EagerForward (13) |", "CUDAGraphForward (13)", "cuda_graph.py",
                           "runner.forward_pass(step)"])]
     for i, (name, lines) in enumerate(parts, start=1):
         x0 = 55 + i * 20.5

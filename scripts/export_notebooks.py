@@ -103,26 +103,32 @@ def export_all(root: Path, only: str | None = None, lib_path: Path | None = None
     lib_path = lib_path or root / get_config(root).lib_path.name
     written = {}
     for name, writings in collect(root, notebooks).items():
-        notebooks = [w.notebook for w in writings]
-        if only is not None and not any(nb.name.startswith(only) for nb in notebooks):
+        if only is not None and not any(w.notebook.name.startswith(only) for w in writings):
             continue
-        fname = (lib_path / name.replace(".", "/")).with_suffix(".py")
-        text = compose(name, writings, lib_path)
-        fname.parent.mkdir(parents=True, exist_ok=True)
-        fname.write_text(text, encoding="utf-8")
-        written[str(fname.relative_to(root))] = [w.notebook for w in writings]
+        written[str(write_module(name, writings, lib_path).relative_to(root))] = [w.notebook for w in writings]
     return written
+
+
+def write_module(name: str, writings: list[Writing], lib_path: Path) -> Path:
+    """Compose module `name` and write it under `lib_path`; returns its file."""
+    fname = (lib_path / name.replace(".", "/")).with_suffix(".py")
+    fname.parent.mkdir(parents=True, exist_ok=True)
+    fname.write_text(compose(name, writings, lib_path), encoding="utf-8")
+    return fname
 
 
 def stage_package(root: Path, lesson: str) -> Path:
     """The folder to put first on `sys.path` so that `import nanovllm_edu` is the package as the numbered lessons
-    up to `lesson` ("09" or "09_request_features") export it, with the package's data files (the tiny model,
-    the tokenizer). Built under `.stages/NN/`, again only when one of those notebooks or the exporter changed."""
+    up to `lesson` ("09" or "09_request_features") export it, with the labs' checkers and the package's data
+    files (the tiny model, the tokenizer). Built under `.stages/NN/`, again only when one of those notebooks or the exporter changed."""
     cfg = get_config(root)
     lessons = [nb for nb in course_notebooks(root / cfg.nbs_path.name) if nb.name[:1].isdigit() and nb.name[:2] <= lesson[:2]]
+    # the labs (appendix A1) come whole: each checker's module is imported only when a lesson asks for it
+    labs = {name: writings for name, writings in collect(root).items() if name.split(".")[0] == "labs"}
     package = root / cfg.lib_path.name
     stamp = hashlib.sha256()
-    for path in [*lessons, Path(__file__), Path(__file__).with_name("compose_modules.py")]:
+    lab_notebooks = sorted({w.notebook for writings in labs.values() for w in writings} - set(lessons))
+    for path in [*lessons, *lab_notebooks, Path(__file__), Path(__file__).with_name("compose_modules.py")]:
         stamp.update(path.name.encode() + path.read_bytes())
     stage = root / ".stages" / lesson[:2]
     if (stage / "stamp").exists() and (stage / "stamp").read_text() == stamp.hexdigest():
@@ -138,6 +144,8 @@ def stage_package(root: Path, lesson: str) -> Path:
             except OSError:
                 shutil.copy2(path, target)
     export_all(root, lib_path=tmp / package.name, notebooks=lessons)
+    for name, writings in labs.items():
+        write_module(name, writings, tmp / package.name)
     (tmp / "stamp").write_text(stamp.hexdigest())
     stage.parent.mkdir(exist_ok=True)
     shutil.rmtree(stage, ignore_errors=True)

@@ -66,3 +66,23 @@ def test_every_numbered_lesson_starts_on_its_stage():
         stage = next((i for i, c in enumerate(code) if c.get("id") == "course-stage"), None)
         assert stage is not None and stage < first, f"{nb.name}: no course-stage cell before its first import"
         assert f'use_course_stage("{nb.name[:2]}")' in "".join(code[stage]["source"]), nb.name
+
+
+def test_an_early_lessons_stage_holds_the_labs_and_imports_only_the_checker_asked_for():
+    code = ("from course_stage import use_course_stage\n"
+            "use_course_stage('03')\n"
+            "import sys\n"
+            "from nanovllm_edu.labs import check_block_manager\n"
+            "print(check_block_manager.__module__, 'nanovllm_edu.labs.async_checks' in sys.modules)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "notebooks", env=env, capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert out[-1] == "nanovllm_edu.labs.block_checks False", out
+
+
+def test_every_lab_name_resolves_and_is_public():
+    import nanovllm_edu.labs as labs
+    for name in labs._MODULES:
+        assert callable(getattr(labs, name)), name
+    assert set(labs._MODULES) <= set(labs.__all__)
+    assert all(name in labs._MODULES for name, _ in labs.CHECKERS.values())

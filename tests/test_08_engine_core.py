@@ -6,7 +6,7 @@ import torch
 
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.engine.llm_engine import LLMEngine
-from nanovllm_edu.engine.model_runner import requested_features
+from nanovllm_edu.engine.llm_engine import requested_features
 from nanovllm_edu.engine.scheduler import ScheduledBatch
 from nanovllm_edu.engine.sequence import Sequence
 from nanovllm_edu.llm import LLM

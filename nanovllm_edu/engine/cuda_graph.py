@@ -296,7 +296,7 @@ class FullStepGraphs:
 
 # %% ../../notebooks/13_cuda_graphs.ipynb #8781aa3b
 class CUDAGraphForward(EagerForward):
-    """How a forward runs with CUDA graphs (the runner's `forward` part, notebook 07): built once the cache is
+    """How a forward runs with CUDA graphs (the runner's `forward` part, above): built once the cache is
     allocated, it captures decode for every batch size when it can (GPU, `enforce_eager=False`, a backend
     whose decode is capturable), and prefill and mixed steps per token count: whole when the backend allows
     it, in pieces around attention always. A step replays the first kind that holds it, else runs eagerly."""

@@ -6,8 +6,8 @@
 #   ../../notebooks/12_async_scheduling.ipynb
 
 # %% auto #0
-__all__ = ['Prompt', 'TOKENIZER_FILES', 'load_tokenizer', 'StepResult', 'LLMEngine', 'decoded_text', 'wrong_type', 'InflightStep',
-           'TokenRate']
+__all__ = ['Prompt', 'TOKENIZER_FILES', 'REQUEST_FEATURES', 'load_tokenizer', 'StepResult', 'requested_features', 'LLMEngine',
+           'decoded_text', 'wrong_type', 'InflightStep', 'TokenRate']
 
 # %% ../../notebooks/08_engine_core.ipynb #a2a6dd6f
 import numbers
@@ -24,7 +24,7 @@ from transformers import AutoTokenizer
 
 from ..config import Config
 from ..sampling_params import SamplingParams
-from .model_runner import ModelRunner, StepOutput, requested_features
+from .model_runner import ModelRunner, StepOutput
 from .observer import ObserverGroup, StepObserver
 from .block_manager import make_block_manager
 from .scheduler import ScheduledBatch, Scheduler
@@ -49,6 +49,16 @@ class StepResult(NamedTuple):
     num_tokens: int
     is_prefill: bool
     num_decode_tokens: int = 0
+
+# %% ../../notebooks/08_engine_core.ipynb #features-code
+REQUEST_FEATURES = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logprobs",
+                    "prompt_logprobs", "n", "stop", "stop_token_ids")  # SamplingParams beyond the draw
+
+
+def requested_features(params: SamplingParams, names: tuple[str, ...] = REQUEST_FEATURES) -> list[str]:
+    """The fields of `params` among `names` that are set away from their defaults, as `name=value`."""
+    default = SamplingParams()
+    return [f"{name}={getattr(params, name)!r}" for name in names if getattr(params, name) != getattr(default, name)]
 
 # %% ../../notebooks/08_engine_core.ipynb #2c55b834
 class LLMEngine:

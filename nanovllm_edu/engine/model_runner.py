@@ -2,18 +2,18 @@
 #   ../../notebooks/07_model_runner.ipynb
 #   ../../notebooks/09_request_features.ipynb
 #   ../../notebooks/12_async_scheduling.ipynb
+#   ../../notebooks/13_cuda_graphs.ipynb
+#   ../../notebooks/15_tensor_parallel.ipynb
 
 # %% auto #0
-__all__ = ['RUNNER_FEATURES', 'ENGINE_FEATURES', 'CPU_KV_BUDGET_BYTES', 'CPU_KV_MIN_BYTES', 'ModelRunner', 'LocalRanks',
-           'EagerForward', 'requested_features', 'block_table_array', 'pinned_copy', 'StepOutput', 'waiting_forks',
-           'copy_kv_blocks', 'mark_pending']
+__all__ = ['CPU_KV_BUDGET_BYTES', 'CPU_KV_MIN_BYTES', 'ModelRunner', 'block_table_array', 'pinned_copy', 'StepOutput',
+           'waiting_forks', 'copy_kv_blocks', 'mark_pending', 'EagerForward', 'LocalRanks']
 
 # %% ../../notebooks/07_model_runner.ipynb #facee2a1
 import logging
 import math
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,9 +22,8 @@ from torch import Tensor
 from ..config import Config
 from ..layers.backends.base import attach_kv_cache
 from ..layers.backends.registry import get_attention_backend
-from ..layers.factory import LayerFactory, layer_factory_for
-from ..layers.sampler import SamplingInputs, make_sampler, sampling_inputs, to_device
-from ..sampling_params import SamplingParams
+from ..layers.factory import layer_factory_for
+from ..layers.sampler import SamplingInputs, make_sampler, sampling_inputs
 from ..models.qwen3 import head_dim_of
 from ..models.registry import load_pretrained
 from ..utils.device import resolve_device
@@ -37,14 +36,10 @@ _log = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    """One device's engine room: the model (this rank's shard), the paged KV cache, the sampler. It turns a
-    scheduled batch into step inputs, runs the forward pass and samples. Two parts come from outside, behind
-    the small interfaces below (step 1b), since each has real alternatives: `ranks`, where a step's ranks run
-    (notebook 15: worker processes), and `forward`, how a forward runs, built once the cache exists (13: CUDA
-    graphs). Later notebooks grow the runner's own methods for the rest (09: what requests ask of the
-    sampler; 12: tokens carried on the device from one step to the next)."""
+    """One device's engine room: the model, the paged KV cache, the sampler. It turns a scheduled batch into
+    step inputs, runs the model and samples: prepare, forward, sample."""
 
-    # %% ../../notebooks/12_async_scheduling.ipynb #carry-runner-code
+    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-init-code
     def __init__(self, config: Config, rank: int = 0, device: torch.device | None = None,
                  ranks: "LocalRanks | None" = None, forward=None):
         self.config = config
@@ -59,42 +54,43 @@ class ModelRunner:
         self.sampler = make_sampler(self.device)
         self.token_counts = TokenCounts(config.hf_config.vocab_size, self.device)  # the penalties' memory (09)
         self.prompt_logprobs = None  # of the step being launched (09)
-        self.last_sampled: Tensor | None = None  # the previous step's sampled tokens, still on the device
-        self.sampled_rows: dict[int, int] = {}  # seq_id -> row of last_sampled (the rank that plans)
+        self.last_sampled: Tensor | None = None  # the previous step's sampled tokens, still on the device (12)
+        self.sampled_rows: dict[int, int] = {}  # seq_id -> row of last_sampled (the rank that plans; 12)
         self.num_kvcache_blocks = self.allocate_kv_cache()
-        self.forward_pass = (forward or EagerForward)(self)  # after the cache: graphs capture attention on it
+        self.forward_pass = (forward or EagerForward)(self)  # after the cache: graphs capture attention on it (13)
 
-    # %% ../../notebooks/07_model_runner.ipynb #facee2a1
     def exit(self) -> None:
-        """Release what outlives the runner: the forward's resources first (CUDA graphs hold NCCL kernels),
-        then the other ranks (tensor parallelism's worker processes)."""
+        """Release the forward's resources (CUDA graphs hold NCCL kernels), then stop the other ranks."""
         self.forward_pass.close()
         self.ranks.shutdown()
 
     # %% ../../notebooks/07_model_runner.ipynb #b90c823b
     def block_bytes(self) -> int:
-        """Bytes of K and V for one block across all layers (this rank's KV heads)."""
+        """Bytes of K and V for one block across all layers."""
         cfg = self.config.hf_config
         return 2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * head_dim_of(cfg) * self.dtype.itemsize
 
+    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-init-code
     @property
     def num_kv_heads(self) -> int:
         """KV heads this rank stores: each rank caches the keys and values of its own heads only."""
         return self.config.hf_config.num_key_value_heads // self.tp_size
 
+    # %% ../../notebooks/07_model_runner.ipynb #b90c823b
     def max_useful_blocks(self) -> int:
         """Blocks that max_num_seqs sequences of max_model_len tokens could ever hold at once."""
         return self.config.max_num_seqs * math.ceil(self.config.max_model_len / self.block_size)
 
+    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-init-code
     def kv_cache_blocks(self) -> int:
-        """How many blocks the cache gets: `num_kvcache_blocks` when set, else what the memory budget holds (the
-        smallest over the ranks: a block id means the same slots on every rank)."""
+        """Notebook 07's cache size, the smallest over the ranks: a block id means the same slots on every rank."""
         if self.config.num_kvcache_blocks > 0:
             return self.config.num_kvcache_blocks
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         budget = self.gpu_kv_budget() if self.device.type == "cuda" else _cpu_kv_budget(weight_bytes)
         return self.ranks.agree_min(min(budget // self.block_bytes(), self.max_useful_blocks()), self.device)
 
+    # %% ../../notebooks/07_model_runner.ipynb #b90c823b
     def allocate_kv_cache(self) -> int:
         """Create the cache [2, layers, blocks, block_size, kv_heads, head_dim] and give each attention layer its
         views (PagedAttention, notebook 04); returns the number of blocks."""
@@ -209,9 +205,9 @@ class ModelRunner:
                                          step.input_ids)
         return step
 
-    # %% ../../notebooks/09_request_features.ipynb #rf-class
+    # %% ../../notebooks/13_cuda_graphs.ipynb #forward-after
     def forward(self, step: StepInputs) -> Tensor | None:
-        """Notebook 07's `forward`, which also scores the prompt rows a step carries (every rank computes them)."""
+        """Notebook 09's `forward`, the hidden states from the runner's forward part."""
         hidden = self.forward_pass(step)
         if isinstance(step, PromptLogprobsStepInputs):
             self.prompt_logprobs = score_prompt_rows(self.model, hidden, step)
@@ -221,14 +217,16 @@ class ModelRunner:
             hidden = hidden[step.logits_indices]
         return self.model.compute_logits(hidden)
 
+    # %% ../../notebooks/09_request_features.ipynb #rf-class
     def sample(self, logits: Tensor, sampling: SamplingInputs) -> tuple[Tensor, tuple | None]:
         """One token per row of `logits` and, for the rows that ask, (rows, logprob, top ids, top logprobs)."""
         return sample_with_features(self.sampler, logits, sampling, self.token_counts)
 
-    # %% ../../notebooks/12_async_scheduling.ipynb #carry-runner-code
+    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-step-code
     @torch.inference_mode()
     def execute(self, step: StepInputs, sampling: SamplingInputs | None = None) -> tuple[Tensor | None, tuple | None]:
-        """Notebook 07's `execute`, which also keeps the sampled tokens on the device for the next step."""
+        """Notebook 12's `execute`, this rank's part of a step: a rank without the logits samples nothing, and
+        the sampled tokens go to the ranks that need them."""
         with self.observer.part("prepare"):
             step = self.device_inputs(step)
         with self.observer.part("forward"):
@@ -241,10 +239,8 @@ class ModelRunner:
         self.last_sampled = tokens  # every rank: the next step's pending inputs are gathered from them
         return tokens, logprobs
 
-    # %% ../../notebooks/09_request_features.ipynb #fork-runner-code
     def launch(self, batch: ScheduledBatch) -> "StepOutput":
-        """Notebook 07's `launch`, with the prompt rows to score, and with n > 1 the forks' rows: the other
-        completions of a prompt that just finished sample from the same logits row."""
+        """Notebook 09's `launch`, its step run by the ranks (the other ranks get it first)."""
         with self.observer.part("prepare"):
             step = self.prepare_step(batch)
             step, scored = with_prompt_rows(step, batch.seqs) if batch.is_prefill else (step, [])
@@ -259,12 +255,13 @@ class ModelRunner:
         return StepOutput.launched(sampled, tokens, logprobs, [(seq, child) for _, seq, child in forks],
                                    (scored, prompt_logprobs) if scored else None)
 
-    # %% ../../notebooks/07_model_runner.ipynb #38fb65e7
+    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-wait-code
     def token_ids(self, output: "StepOutput") -> list[int]:
-        """Wait for a launched step's tokens."""
+        """Wait for a launched step's tokens (the ranks' wait: rank 0 watches its workers meanwhile)."""
         with self.observer.part("sample"):
             return output.token_ids(self.ranks.wait)
 
+    # %% ../../notebooks/07_model_runner.ipynb #38fb65e7
     def run(self, batch: ScheduledBatch) -> list[int]:
         """One step, waited for: the token ids of the sequences that sample (prompt complete, or decoding)."""
         return self.token_ids(self.launch(batch))
@@ -274,71 +271,10 @@ class ModelRunner:
         """A request ended: give its penalty row back."""
         self.token_counts.release(seq_id)
 
-    # %% ../../notebooks/09_request_features.ipynb #fork-runner-code
+    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-code
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy KV-cache blocks, in order with the steps launched, on every rank (each holds its shard of them)."""
         self.ranks.call(copy_kv_blocks, self, pairs)
-
-# %% ../../notebooks/07_model_runner.ipynb #runner-parts-code
-class LocalRanks:
-    """Where a step's ranks run: here, one rank in this process, its model built by `layers` (notebook 02's
-    plain layers by default). The interface the runner uses; notebook 15's tensor-parallel ranks run the
-    same calls on worker processes too."""
-
-    def __init__(self, layers: LayerFactory | None = None):
-        self.layers = layers
-
-    def layer_factory(self, device: torch.device) -> LayerFactory:
-        """How this rank builds the model's layers: the ones it was given, else the device's (notebook 02)."""
-        return self.layers if self.layers is not None else layer_factory_for(device)
-
-    def run_step(self, run_local: Callable[[], Tensor | None], step: StepInputs) -> Tensor | None:
-        """Run this rank's part of a step (other ranks would get `step` first)."""
-        return run_local()
-
-    def call(self, fn: Callable, runner: "ModelRunner", *args):
-        """`fn(runner, *args)` on every rank (e.g. copying KV blocks: each rank holds its shard of them)."""
-        return fn(runner, *args)
-
-    def wait(self, event: "torch.cuda.Event") -> None:
-        """Block until the device reaches `event` (other ranks: while watching that they are alive)."""
-        event.synchronize()
-
-    def agree_min(self, value: int, device: torch.device) -> int:
-        """The smallest of every rank's `value` (every rank's KV cache must hold the same block ids)."""
-        return value
-
-    def share_sampled(self, tokens: Tensor | None, num_rows: int, device: torch.device) -> Tensor | None:
-        """The step's sampled tokens on every rank that needs them (one rank: as they are)."""
-        return tokens
-
-    def shutdown(self, graceful: bool = True) -> None:
-        """Stop the other ranks (there are none)."""
-
-# %% ../../notebooks/07_model_runner.ipynb #carry-forward-code
-class EagerForward:
-    """How a step's forward pass runs: eagerly, every step. Notebook 13 replays decode steps from CUDA graphs."""
-
-    def __init__(self, runner: "ModelRunner"):
-        self.model = runner.model
-
-    def __call__(self, step: StepInputs) -> Tensor:
-        """The hidden states of every token of the step."""
-        return self.model(step.input_ids, step.positions, step)
-
-    def close(self) -> None:
-        """Free what the forward holds (nothing when eager)."""
-
-# %% ../../notebooks/07_model_runner.ipynb #features-code
-RUNNER_FEATURES = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logprobs",
-                   "prompt_logprobs")  # what the runner does around the sampler (notebook 09)
-ENGINE_FEATURES = ("n", "stop", "stop_token_ids")  # what the engine does with the tokens (notebook 09)
-
-
-def requested_features(params: SamplingParams, names: tuple[str, ...] = RUNNER_FEATURES + ENGINE_FEATURES) -> list[str]:
-    """The fields of `params` among `names` that are set away from their defaults, as `name=value`."""
-    default = SamplingParams()
-    return [f"{name}={getattr(params, name)!r}" for name in names if getattr(params, name) != getattr(default, name)]
 
 # %% ../../notebooks/07_model_runner.ipynb #b90c823b
 CPU_KV_BUDGET_BYTES = 1 << 30  # CPU cache cap (the cache is zero-filled at start); also at most an eighth of RAM
@@ -367,15 +303,16 @@ def pinned_copy(t: Tensor) -> Tensor:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     return host.copy_(t, non_blocking=True)
 
-
+# %% ../../notebooks/09_request_features.ipynb #rf-output-code
 @dataclass
 class StepOutput:
-    """The sampled tokens of a launched step: on the device at once, on the CPU after `token_ids` waits."""
+    """The sampled tokens of a launched step, and what its requests asked beyond them: on the device at once,
+    on the CPU after `token_ids` waits."""
     seqs: list[Sequence]  # the scheduled sequences that get a token, one per row (the forks' rows follow)
     host: Tensor  # the tokens on the CPU: a pinned copy still in flight on a GPU
     ready: "torch.cuda.Event | None" = None  # recorded after the copies (GPU only)
     logprobs: tuple | None = None  # rows that asked, their tokens' logprobs, top ids, top logprobs (CPU)
-    forks: list[tuple[Sequence, Sequence]] = field(default_factory=list)  # (parent, new sequence), last rows
+    forks: tuple[tuple[Sequence, Sequence], ...] = ()  # (parent, new sequence): the last rows
     prompt_logprobs: tuple | None = None  # ((sequence, position) per scored row, their logprobs on the CPU)
 
     @classmethod
@@ -383,19 +320,22 @@ class StepOutput:
                  forks: list[tuple[Sequence, Sequence]] = (), prompt: tuple | None = None) -> "StepOutput":
         """Start copying `tokens` (and any logprobs) to the CPU without waiting for the step to finish."""
         if not tokens.is_cuda:
-            return cls(seqs, tokens, None, logprobs, list(forks), prompt)
+            return cls(seqs, tokens, None, logprobs, tuple(forks), prompt)
         copy = lambda tensors: tensors and tuple(pinned_copy(t) for t in tensors)
         host, logprobs, prompt = pinned_copy(tokens), copy(logprobs), prompt and (prompt[0], copy(prompt[1]))
         ready = torch.cuda.Event()
         ready.record()
-        return cls(seqs, host, ready, logprobs, list(forks), prompt)
+        return cls(seqs, host, ready, logprobs, tuple(forks), prompt)
 
+    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-wait-code
     def token_ids(self, wait=None) -> list[int]:
-        """The token ids, once the copy is done; `wait(event)` replaces a plain wait (it may watch workers)."""
+        """The token ids of the scheduled sequences, once the copy is done; `wait(event)` replaces a plain wait
+        (it may watch workers)."""
         if self.ready is not None:
             wait(self.ready) if wait is not None else self.ready.synchronize()
         return self.host.tolist()[:len(self.seqs)]  # the forks' rows are read by `forked`
 
+    # %% ../../notebooks/09_request_features.ipynb #rf-output-more
     def forked(self) -> list[tuple[Sequence, Sequence, int]]:
         """After `token_ids`: each fork's parent, new sequence and first token."""
         tokens = self.host.tolist()[len(self.seqs):]
@@ -445,3 +385,58 @@ def mark_pending(step: StepInputs, batch: ScheduledBatch, sampled_rows: dict[int
         raise RuntimeError("a pending token was not sampled by the previous step (async scheduling "
                            "plans one step ahead at most)")
     return replace(step, source_rows=source_rows)
+
+# %% ../../notebooks/13_cuda_graphs.ipynb #forward-after
+class EagerForward:
+    """How a step's forward pass runs: eagerly, every step (the runner's `forward` part; `CUDAGraphForward`
+    replays CUDA graphs)."""
+
+    def __init__(self, runner: ModelRunner):
+        self.model = runner.model
+
+    def __call__(self, step: StepInputs) -> Tensor:
+        """The hidden states of every token of the step."""
+        return self.model(step.input_ids, step.positions, step)
+
+    def close(self) -> None:
+        """Free what the forward holds (nothing when eager)."""
+
+# %% ../../notebooks/15_tensor_parallel.ipynb #ranks-code
+from collections.abc import Callable
+
+from ..layers.factory import LayerFactory
+
+
+class LocalRanks:
+    """Where a step's ranks run: here, one rank in this process, its model built by `layers` (the device's
+    layers by default, notebook 02). `TensorParallelRanks` runs the same calls on worker processes too."""
+
+    def __init__(self, layers: LayerFactory | None = None):
+        self.layers = layers
+
+    def layer_factory(self, device: torch.device) -> LayerFactory:
+        """How this rank builds the model's layers: the ones it was given, else the device's (notebook 02)."""
+        return self.layers if self.layers is not None else layer_factory_for(device)
+
+    def run_step(self, run_local: Callable[[], Tensor | None], step: StepInputs) -> Tensor | None:
+        """Run this rank's part of a step (other ranks would get `step` first)."""
+        return run_local()
+
+    def call(self, fn: Callable, runner: "ModelRunner", *args):
+        """`fn(runner, *args)` on every rank (e.g. copying KV blocks: each rank holds its shard of them)."""
+        return fn(runner, *args)
+
+    def wait(self, event: "torch.cuda.Event") -> None:
+        """Block until the device reaches `event` (other ranks: while watching that they are alive)."""
+        event.synchronize()
+
+    def agree_min(self, value: int, device: torch.device) -> int:
+        """The smallest of every rank's `value` (every rank's KV cache must hold the same block ids)."""
+        return value
+
+    def share_sampled(self, tokens: Tensor | None, num_rows: int, device: torch.device) -> Tensor | None:
+        """The step's sampled tokens on every rank that needs them (one rank: as they are)."""
+        return tokens
+
+    def shutdown(self, graceful: bool = True) -> None:
+        """Stop the other ranks (there are none)."""

@@ -120,7 +120,7 @@ def exercise_cells(name: str, target: str, source: str, index: int, num_cells: i
     """A markdown cell and a code cell (tagged `exercise`) that run checker `name` on the student's `target`
     (as `keep_yours` saved it); `source` is the solution (all its cells), `num_cells` how many cells it spans."""
     target = graded_name(target, source)
-    checker = CHECKERS[name][0].__name__
+    checker = CHECKERS[name][0]
     yours = "The cell above is yours" if num_cells == 1 else \
         f"The {num_cells} cells above marked `stub` are yours (the cells between them run your code)"
     md = nbformat.v4.new_markdown_cell(
