@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -436,6 +437,7 @@ def test_student_edition_shows_the_checkers_report(tmp_path: Path):
     root = tmp_path / "root"
     (root / "notebooks").mkdir(parents=True)
     nbformat.write(student, root / "notebooks" / STUDENT_NOTEBOOK)
+    shutil.copy(NOTEBOOKS / "course_stage.py", root / "notebooks")  # the lesson's first cell imports it, as make_student copies it
     exercise = next(i for i, c in enumerate(student.cells) if EXERCISE_TAG in c.metadata.get("tags", []))
     stub = exercise - 2  # the stub, then the exercise's markdown, then the checker cell
     assert "raise NotImplementedError" in student.cells[stub].source
