@@ -1,4 +1,4 @@
-"""Notebook 04: Sequence and the block manager's bookkeeping (property-based)."""
+"""Notebook 03: Sequence and the block manager's bookkeeping (property-based)."""
 import pytest
 import torch
 
