@@ -110,7 +110,7 @@ class Config:
     kvcache_block_size: int = 256  # tokens per KV-cache block (power of two >= 16)
     num_kvcache_blocks: int = -1  # -1: size the cache automatically
     enable_prefix_caching: bool = True
-    mixed_steps: bool = False  # True: decodes and prefill chunks share a step (notebook 06; measured in 13)
+    mixed_steps: bool = False  # True: decodes and prefill chunks share a step (notebook 06 measures it)
     long_prefill_token_threshold: int = 1024  # most tokens of one prompt in a mixed step (0: no cap)
     attention_backend: str = "auto"
     device: str = "auto"
