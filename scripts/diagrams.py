@@ -860,8 +860,8 @@ def pdl_chain() -> Figure:
             box(ax, t + 1.5, 3.5, start_cost * k, 4, "", fc=GREY)
             ax.add_patch(Rectangle((t + 1.5 + start_cost * k, 3.5), work * k - 1.5 - start_cost * k, 4, fc="white",
                                    ec="#6a51a3", ls="--", lw=0.8))
-            ax.text(t + 1.5 + start_cost * k + 1, 5.5, f"{kernels[i + 1][0]}: gdc_wait", fontsize=6.5, va="center",
-                    color="#6a51a3")
+            ax.text(t + 1.5 + start_cost * k + 0.8, 5.5, f"{kernels[i + 1][0]}:\ngdc_wait", fontsize=6.5, va="center",
+                    color="#6a51a3", linespacing=1.1)
         t += work * k
     ax.text(t + 1, 11, f"{(t - 14) / k:.1f} units", fontsize=7.5, va="center")
     ax.text(14, 0.8, "dashed: the next kernel's programs wait (griddepcontrol.wait) until the previous kernel's writes "

@@ -336,10 +336,10 @@ class DeferredInterrupt:
 
 # %% ../../notebooks/15_tensor_parallel.ipynb #dde60854
 class TensorParallelRanks:
-    """Where the ranks run under tensor parallelism (the runner's `ranks` part, notebook 07): rank 0 holds the
-    `WorkerGroup` and sends each step to ranks 1..N-1; every rank runs the forward pass, and all meet in its
-    all-reduces. Under async scheduling rank 0 broadcasts each step's sampled tokens, so every rank can
-    gather the next step's pending inputs itself."""
+    """Where the ranks run under tensor parallelism (the runner's `ranks` part, like `LocalRanks`): rank 0
+    holds the `WorkerGroup` and sends each step to ranks 1..N-1; every rank runs the forward pass, and all
+    meet in its all-reduces. Under async scheduling rank 0 broadcasts each step's sampled tokens, so every
+    rank can gather the next step's pending inputs itself."""
 
     def __init__(self, workers: WorkerGroup | None, share_sampled: bool, rank: int, world_size: int):
         self.workers, self.share = workers, share_sampled  # workers: on rank 0 only
