@@ -122,7 +122,9 @@ def stage_package(root: Path, lesson: str) -> Path:
     up to `lesson` ("09" or "09_request_features") export it, with the labs' checkers and the package's data
     files (the tiny model, the tokenizer). Built under `.stages/NN/`, again only when one of those notebooks or the exporter changed."""
     cfg = get_config(root)
-    lessons = [nb for nb in course_notebooks(root / cfg.nbs_path.name) if nb.name[:1].isdigit() and nb.name[:2] <= lesson[:2]]
+    number = lesson.split("_")[0]  # "09", or a lesson's full stem
+    lessons = [nb for nb in course_notebooks(root / cfg.nbs_path.name)
+               if nb.name[:1].isdigit() and nb.name.split("_")[0] <= number]
     # the labs (appendix A1) come whole: each checker's module is imported only when a lesson asks for it
     labs = {name: writings for name, writings in collect(root).items() if name.split(".")[0] == "labs"}
     package = root / cfg.lib_path.name
@@ -130,7 +132,7 @@ def stage_package(root: Path, lesson: str) -> Path:
     lab_notebooks = sorted({w.notebook for writings in labs.values() for w in writings} - set(lessons))
     for path in [*lessons, *lab_notebooks, Path(__file__), Path(__file__).with_name("compose_modules.py")]:
         stamp.update(path.name.encode() + path.read_bytes())
-    stage = root / ".stages" / lesson[:2]
+    stage = root / ".stages" / number
     if (stage / "stamp").exists() and (stage / "stamp").read_text() == stamp.hexdigest():
         return stage
     stage.parent.mkdir(exist_ok=True)  # build beside the stage: the modules' headers name notebooks relative to it
