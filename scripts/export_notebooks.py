@@ -126,7 +126,8 @@ def stage_package(root: Path, lesson: str) -> Path:
     lessons = [nb for nb in course_notebooks(root / cfg.nbs_path.name)
                if nb.name[:1].isdigit() and nb.name.split("_")[0] <= number]
     # modules only appendices write come whole: the labs (A1: each checker's module is imported only when a
-    # lesson asks for it) and the benchmark's command line (D1: the serving lessons reuse its flags)
+    # lesson asks for it) and the benchmark's package __init__ and command line (D1: bench/__init__ loads the
+    # command line, which builds on lesson 20's flags, only when one of its names is asked for)
     labs = {name: writings for name, writings in collect(root).items()
             if not any(w.notebook.name[:1].isdigit() for w in writings)}
     package = root / cfg.lib_path.name

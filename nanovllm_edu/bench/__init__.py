@@ -14,12 +14,13 @@ __all__ = ['ANCHORS', 'NANO_VLLM_MID_TOK_S', 'anchor_ratios', 'MIN_LEN', 'TOKEN_
 # %% ../../notebooks/D1_benchmark_cli.ipynb #0da8eee4
 """`python -m nanovllm_edu.bench`: throughput on nano-vllm's benchmark workload, against the anchors and the
 hardware limit (exported from notebooks/D1_benchmark_cli.ipynb). The modules, in the order the notebook builds
-them: anchors, workload, checkpoint, hardware, timing, collectives, record, (plots), cli."""
+them: anchors, workload, checkpoint, hardware, timing, collectives, record, (plots), flags, cli."""
+import importlib
+
 from .anchors import ANCHORS, NANO_VLLM_MID_TOK_S, anchor_ratios
 from nanovllm_edu.bench.checkpoint import (
     RANDOM_WEIGHTS_CONFIGS, build_random_checkpoint, checkpoint_shapes, random_weights_checkpoint,
     random_weights_config)
-from .cli import ENGINE_ARGS, engine_args_from, main, parse_args, report
 from .collectives import (
     COLLECTIVE_BATCH_SIZES, collective_fields, decode_batch_sizes, time_collectives)
 from .hardware import (
@@ -46,3 +47,12 @@ _all_ = [  # nbdev adds these to __all__ (imports are not in it by default)
     "run_benchmark",
     "ENGINE_ARGS", "parse_args", "engine_args_from", "report", "main",
 ]
+_COMMAND_LINE = {"ENGINE_ARGS": "flags", "engine_args_from": "flags", "main": "cli", "parse_args": "cli", "report": "cli"}
+
+
+def __getattr__(name: str):
+    """The command line's names, loaded when first asked for (`from nanovllm_edu.bench import main` as usual):
+    `cli` builds on the flags lesson 20 writes, and lessons 16 to 19 import the rest of the package before it."""
+    if name in _COMMAND_LINE:
+        return getattr(importlib.import_module(f"{__name__}.{_COMMAND_LINE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

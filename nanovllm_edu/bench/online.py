@@ -361,12 +361,12 @@ def plot_online(record: dict) -> Figure:
     return fig
 
 # %% ../../notebooks/20_serving_latency.ipynb #p3-cli-flags-code
-# The command line: `python -m nanovllm_edu.bench.online`. The model, length and engine flags are those of
-# `python -m nanovllm_edu.bench`.
+# The command line: `python -m nanovllm_edu.bench.online`, on the flags the course's command lines share.
 import argparse
 
-from .cli import (OneLineErrors, add_engine_flags, add_length_flags, add_model_flags,
-                                    benchmark_model, engine_args_from, parse_with_lengths, positive_int)
+from .flags import (
+    OneLineErrors, add_engine_flags, add_length_flags, add_model_flags, benchmark_model, engine_args_from,
+    parse_with_lengths, positive_int)
 from .workload import make_workload
 
 # On an H200 the seed workload runs offline at ~39 requests/s (256 in ~6.5 s): 10 and 20 are light load, 40 is

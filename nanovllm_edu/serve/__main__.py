@@ -16,7 +16,7 @@ from pathlib import Path
 import uvicorn
 
 from ..assets import tiny_model_path
-from ..bench.cli import OneLineErrors, add_engine_flags, engine_args_from
+from ..bench.flags import OneLineErrors, add_engine_flags, engine_args_from
 from ..online import OnlineLLM
 from .app import EngineServer, build_app, listen_socket
 
@@ -24,8 +24,8 @@ GRACEFUL_SECONDS = 3  # how long uvicorn waits for open responses once the engin
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The server's flags: where to listen, the model and its served name, and the engine arguments (named as
-    in `python -m nanovllm_edu.bench`)."""
+    """The server's flags: where to listen, the model and its served name, and the engine arguments (the flags
+    both benchmarks take)."""
     ap = OneLineErrors(prog="python -m nanovllm_edu.serve", description="An OpenAI-compatible HTTP server.")
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the shipped tiny model)")
     ap.add_argument("--served-model-name", default=None,
