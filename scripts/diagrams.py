@@ -185,8 +185,8 @@ LESSONS = [  # (number, title, what it adds to the package), in the course's thr
                                                                                     "grows scheduler,\nrunner, engine"),
                       ("13", "CUDA graphs", "cuda_graph"), ("14", "Triton sampler", "kernels/sampling"),
                       ("15", "tensor parallel", "layers/parallel,\ntp_worker, llm"), ("16", "benchmark", "bench/"),
-                      ("17", "where the\nseconds go", "bench/plots"), ("18", "benchmark CLI", "bench/cli")]),
-    ("serve it", [("19", "serving: loop", "online"), ("20", "serving: latency", "bench/online"),
+                      ("17", "where the\nseconds go", "bench/plots"), ("18", "profiling a\ndecode step", "bench/profile")]),
+    ("serve it", [("19", "serving: loop", "online"), ("20", "serving: latency", "bench/online,\nbench/flags"),
                   ("21", "OpenAI server", "serve/")]),
 ]
 
