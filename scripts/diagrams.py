@@ -185,9 +185,9 @@ LESSONS = [  # (number, title, what it adds to the package), in the course's thr
                                                                                     "grows scheduler,\nrunner, engine"),
                       ("13", "CUDA graphs", "cuda_graph"), ("14", "Triton sampler", "kernels/sampling"),
                       ("15", "tensor parallel", "layers/parallel,\ntp_worker, llm"), ("16", "benchmark", "bench/"),
-                      ("17", "benchmark results", "bench/plots"), ("18", "benchmark CLI", "bench/cli")]),
+                      ("17", "where the\nseconds go", "bench/plots"), ("18", "benchmark CLI", "bench/cli")]),
     ("serve it", [("19", "serving: loop", "online"), ("20", "serving: latency", "bench/online"),
-                  ("21", "OpenAI protocol", "serve/protocol"), ("22", "OpenAI server", "serve/app")]),
+                  ("21", "OpenAI server", "serve/")]),
 ]
 
 
@@ -935,6 +935,29 @@ def generate_timeline() -> Figure:
     return fig
 
 
+def request_path() -> Figure:
+    """One OpenAI request through the server: body -> SamplingParams -> OnlineLLM -> RequestOutput -> SSE chunks, and
+    the abort edge a client that hangs up takes back to the engine."""
+    fig, ax = canvas(12, 3.8, 120, 44, ymin=3)
+    title(ax, 60, 42, "One request through the OpenAI door",
+          "POST /v1/completions with stream=true: serve/protocol.py turns bodies into engine calls, serve/app.py carries them over HTTP")
+    steps = [(7, "HTTP body\n(JSON dict)", GREY, "the client's request"),
+             (29, "SamplingParams\n+ prompt", BLUE, "parse_completion_request,\nsampling_params"),
+             (51, "OnlineLLM\n.submit", ORANGE, "the engine loop\n(lesson 19)"),
+             (73, "RequestOutput\n(index, text)", GREEN, "RequestStream,\none per step"),
+             (95, "SSE chunks\ndata: {...}", PURPLE, "StreamChunks, sse;\nlast: data: [DONE]")]
+    for x, text, colour, note in steps:
+        box(ax, x, 18, 18, 8, text, fc=colour, size=8, rounded=True)
+        ax.text(x + 9, 30, note, ha="center", va="center", fontsize=6.8, color=NOTE, linespacing=1.15)
+    for x in (25, 47, 69, 91):
+        arrow(ax, (x, 22), (x + 4, 22))
+    ax.text(38, 14.5, "a bad field: 400, param names it", fontsize=6.8, ha="center", color=RED)
+    ax.text(93, 35.5, "n > 1: index per choice; text held back\nas a stop string's possible start: no chunk", fontsize=6.8,
+            ha="center")
+    arrow(ax, (104, 18), (60, 18), color=RED, rad=-0.3, label="client hangs up: stream.abort(), blocks freed", dy=-9.5)
+    return fig
+
+
 DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawing, the lesson that shows it)
     "course_map": (course_map, "00_setup"),
     "architecture": (architecture, "08_engine_core"),
@@ -954,6 +977,7 @@ DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawi
     "pdl_chain": (pdl_chain, "14b_decode_gemms"),
     "tp_split": (tp_split, "15_tensor_parallel"),
     "tp_processes": (tp_processes, "15_tensor_parallel"),
+    "request_path": (request_path, "21_openai_server"),
 }
 
 

@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def course_notebooks(nbs_path: Path) -> list[Path]:
-    """The course's notebooks in course order: numbered lessons, then appendices (A1_...)."""
-    return sorted(nb for nb in nbs_path.glob("*.ipynb") if nb.name[:1].isdigit() or nb.name[:1] == "A")
+    """The course's notebooks in course order: numbered lessons, then appendices (A1_..., D1_...)."""
+    return sorted(nb for nb in nbs_path.glob("*.ipynb") if nb.name[:1].isdigit() or nb.name[:1].isupper())
 
 
 @dataclass
@@ -125,8 +125,10 @@ def stage_package(root: Path, lesson: str) -> Path:
     number = lesson.split("_")[0]  # "09", or a lesson's full stem
     lessons = [nb for nb in course_notebooks(root / cfg.nbs_path.name)
                if nb.name[:1].isdigit() and nb.name.split("_")[0] <= number]
-    # the labs (appendix A1) come whole: each checker's module is imported only when a lesson asks for it
-    labs = {name: writings for name, writings in collect(root).items() if name.split(".")[0] == "labs"}
+    # modules only appendices write come whole: the labs (A1: each checker's module is imported only when a
+    # lesson asks for it) and the benchmark's command line (D1: the serving lessons reuse its flags)
+    labs = {name: writings for name, writings in collect(root).items()
+            if not any(w.notebook.name[:1].isdigit() for w in writings)}
     package = root / cfg.lib_path.name
     stamp = hashlib.sha256()
     lab_notebooks = sorted({w.notebook for writings in labs.values() for w in writings} - set(lessons))

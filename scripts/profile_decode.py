@@ -16,7 +16,7 @@ The same step is re-run (positions do not advance). After a warm-up it times `--
 events (median per part; as in the engine, prepare_sample's host work comes before the forward, outside the
 timed span), then profiles each part in its own torch.profiler window of `--steps` repeats, so every kernel's
 part is known by construction (the sample window holds prepare_sample's copy to the device). Kernels are
-grouped by name and sorted by time per step: "kernel_us_per_step" sums their durations, "ms_per_step" is time
+grouped by name into categories (nanovllm_edu/bench/profile.py, notebook 18) and sorted by time per step: "kernel_us_per_step" sums their durations, "ms_per_step" is time
 on the GPU's clock, launch gaps included. To compare code versions, run the same script with PYTHONPATH
 pointing at another copy of the package (`package_file` says which copy ran).
 """
@@ -31,41 +31,22 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
 
 import nanovllm_edu
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.bench import random_weights_checkpoint
+from nanovllm_edu.bench.profile import kernel_rows, profile_part, summed  # grouping, categories: lesson 18
 from nanovllm_edu.engine.sequence import Sequence
 from nanovllm_edu.layers.sampler import SamplingInputs
-from nanovllm_edu.utils.step_inputs import StepInputs
 from nanovllm_edu.llm import LLM
 from nanovllm_edu.sampling_params import SamplingParams
+from nanovllm_edu.utils.step_inputs import StepInputs
 
 PARTS = ("forward", "logits", "sample")
 TEMPERATURE = 0.6  # the benchmark workload's (nanovllm_edu/bench/workload.py)
 WARMUP_STEPS = 5
 SMOKE = {"batch": 4, "context": 40, "steps": 2, "timed_steps": 2}
-# category rules, first match wins (lower-cased substrings of the kernel name); the sampling part is "sampler"
-CATEGORY_RULES = (
-    ("memcpy/memset", ("memcpy", "memset")),
-    ("attention", ("decode", "prefill", "attn", "attention", "paged", "flash", "fmha")),
-    ("gemm", ("gemm", "cutlass", "sm90", "nvjet", "cublas", "matmul", "xmma",
-              "aten::mm", "aten::addmm", "aten::bmm")),  # the last three: CPU operators (--smoke)
-)
 TABLE_ROWS = 25
-
-
-def kernel_category(name: str, part: str) -> str:
-    """The category of a kernel (a CPU op in --smoke) of `part`, by its name."""
-    if part == "sample":
-        return "sampler"
-    lower = name.lower()
-    for category, patterns in CATEGORY_RULES:
-        if any(p in lower for p in patterns):
-            return category
-    return "elementwise/norm"
 
 
 def context_lengths(batch: int, context: int, spread: float, seed: int) -> np.ndarray:
@@ -161,43 +142,6 @@ def time_parts(parts: dict[str, Callable], steps: int, cuda: bool) -> dict[str, 
             samples[part].append(value)
         samples["total"].append(sum(ms))
     return {key: round(statistics.median(values), 4) for key, values in samples.items()}
-
-
-def profile_part(fn: Callable, steps: int, cuda: bool) -> list[tuple[str, float]]:
-    """(name, microseconds) of every CUDA kernel (memcpy/memset included) that `steps` calls of fn launch;
-    on a CPU, every operator's self CPU time instead."""
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            fn()
-        if cuda:
-            torch.cuda.synchronize()
-    if cuda:
-        return [(e.name, e.time_range.elapsed_us()) for e in prof.events()
-                if e.device_type == DeviceType.CUDA]
-    return [(e.name, e.self_cpu_time_total) for e in prof.events() if e.device_type == DeviceType.CPU]
-
-
-def kernel_rows(events: dict[str, list[tuple[str, float]]], steps: int) -> list[dict]:
-    """Kernels grouped by (part, name): calls and microseconds per step, slowest first."""
-    totals = defaultdict(lambda: [0, 0.0])
-    for part, part_events in events.items():
-        for name, us in part_events:
-            totals[part, name][0] += 1
-            totals[part, name][1] += us
-    rows = [{"name": name, "part": part, "category": kernel_category(name, part),
-             "calls_per_step": round(calls / steps, 3), "us_per_step": round(us / steps, 3)}
-            for (part, name), (calls, us) in totals.items()]
-    return sorted(rows, key=lambda row: -row["us_per_step"])
-
-
-def summed(rows: list[dict], key: str, value: str) -> dict[str, float]:
-    """Sum of `value` per distinct `key` over the rows, largest first, with a "total"."""
-    sums = defaultdict(float)
-    for row in rows:
-        sums[row[key]] += row[value]
-    out = {k: round(v, 3) for k, v in sorted(sums.items(), key=lambda kv: -kv[1])}
-    out["total"] = round(sum(sums.values()), 3)
-    return out
 
 
 @torch.inference_mode()

@@ -5,27 +5,24 @@
 Builds the engine on random Qwen3-0.6B weights (prefix caching off, so a repeat computes every prompt again),
 then runs the seed workload's prompts with max_tokens=1: the benchmark's prefill steps (16,384 tokens each)
 and one sampling step. Times three such runs by the wall clock, then profiles one with torch.profiler and
-groups its CUDA kernels by name and category (scripts/profile_decode.py's rules). The floor is the prefill's
+groups its CUDA kernels by name and category (nanovllm_edu/bench/profile.py, as scripts/profile_decode.py). The floor is the prefill's
 FLOPs (the benchmark's count: GEMMs and causal attention) at the bf16 peak this script measures.
 """
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import profile_decode as pd  # noqa: E402  (the kernel grouping and categories)
+import torch
 
-import torch  # noqa: E402
-
-from nanovllm_edu.bench import random_weights_checkpoint  # noqa: E402
-from nanovllm_edu.bench.hardware import ModelShape, measure_bf16_flops, workload_cost  # noqa: E402
-from nanovllm_edu.bench.workload import make_workload  # noqa: E402
-from nanovllm_edu.llm import LLM  # noqa: E402
-from nanovllm_edu.sampling_params import SamplingParams  # noqa: E402
+from nanovllm_edu.bench import random_weights_checkpoint
+from nanovllm_edu.bench.hardware import ModelShape, measure_bf16_flops, workload_cost
+from nanovllm_edu.bench.profile import kernel_rows, profile_part, summed  # the grouping and categories
+from nanovllm_edu.bench.workload import make_workload
+from nanovllm_edu.llm import LLM
+from nanovllm_edu.sampling_params import SamplingParams
 
 
 def main() -> None:
@@ -48,18 +45,18 @@ def main() -> None:
                 llm.generate(workload.prompts, params, use_tqdm=False)
                 torch.cuda.synchronize()
                 seconds.append(time.perf_counter() - start)
-            events = {"prefill": pd.profile_part(lambda: llm.generate(workload.prompts, params, use_tqdm=False),
+            events = {"prefill": profile_part(lambda: llm.generate(workload.prompts, params, use_tqdm=False),
                                                  1, True)}
         finally:
             llm.exit()
-    rows = pd.kernel_rows(events, 1)
+    rows = kernel_rows(events, 1)
     peak = measure_bf16_flops(torch.device("cuda"))
     flops = workload_cost(shape, [len(p) for p in workload.prompts], workload.max_tokens)["prefill_flops"]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "prompt_tokens": sum(map(len, workload.prompts)), "num_seqs": args.num_seqs,
               "wall_seconds": seconds, "median_seconds": statistics.median(seconds),
               "flops": flops, "peak_flops": peak, "floor_seconds": flops / peak,
-              "kernel_us_by_category": pd.summed(rows, "category", "us_per_step"), "kernels": rows}
+              "kernel_us_by_category": summed(rows, "category", "us_per_step"), "kernels": rows}
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(f"prefill of {result['prompt_tokens']} tokens: {[round(s, 3) for s in seconds]} s, floor "
           f"{result['floor_seconds']:.3f} s at {peak / 1e12:.0f} TFLOP/s")

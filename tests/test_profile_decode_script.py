@@ -1,6 +1,5 @@
 """scripts/profile_decode.py on a CPU: --smoke runs the whole path (batch, three parts, profiler, JSON,
-table); the kernel categories and the per-step grouping are checked on made-up kernel names."""
-import importlib.util
+table). The kernel categories and the per-step grouping it imports are tested in tests/test_18_profile.py."""
 import json
 import os
 import subprocess
@@ -9,32 +8,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "profile_decode.py"
-spec = importlib.util.spec_from_file_location("profile_decode", SCRIPT)
-profile_decode = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(profile_decode)
-
-
-def test_categories_by_name_and_part():
-    category = profile_decode.kernel_category
-    assert category("_decode_kernel", "forward") == "attention"
-    assert category("flash::flash_fwd_splitkv_kernel<cutlass::bfloat16_t>", "forward") == "attention"
-    assert category("nvjet_tst_128x64_64x8_1x2_h_bz_NNT", "logits") == "gemm"
-    assert category("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "forward") == "gemm"
-    assert category("_store_kvcache_kernel", "forward") == "elementwise/norm"
-    assert category("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "forward") == "elementwise/norm"
-    assert category("Memcpy DtoD (Device -> Device)", "forward") == "memcpy/memset"
-    assert category("void at::native::reduce_kernel<argmax>", "sample") == "sampler"
-    assert category("Memcpy HtoD (Pinned -> Device)", "sample") == "sampler"
-
-
-def test_kernel_rows_are_per_step_and_slowest_first():
-    events = {"forward": [("gemm_a", 10.0), ("gemm_a", 10.0), ("norm", 2.0), ("norm", 2.0)],
-              "sample": [("_race_tile_kernel", 30.0)]}
-    rows = profile_decode.kernel_rows(events, steps=2)
-    assert [(r["name"], r["calls_per_step"], r["us_per_step"]) for r in rows] == [
-        ("_race_tile_kernel", 0.5, 15.0), ("gemm_a", 1.0, 10.0), ("norm", 1.0, 2.0)]
-    assert profile_decode.summed(rows, "category", "us_per_step") == {
-        "sampler": 15.0, "gemm": 10.0, "elementwise/norm": 2.0, "total": 27.0}
 
 
 def test_smoke_run_writes_the_record_and_the_table(tmp_path):

@@ -1,4 +1,4 @@
-"""The server as evaluation harnesses drive it (notebook 22): lm-evaluation-harness's `local-completions`
+"""The server as evaluation harnesses drive it (notebook 21): lm-evaluation-harness's `local-completions`
 request shapes, replayed against a live server, and every loglikelihood checked against transformers'
 log_softmax on the same checkpoint (lm-eval itself is not a dependency: README, "Evaluating through the
 server", runs it for real)."""
