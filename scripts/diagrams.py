@@ -782,7 +782,39 @@ def tp_processes() -> Figure:
     return fig
 
 
-# --- 14: the decode GEMM with the gate fused, and K split -----------------------------------------------------
+# --- 14: the sampler's race, one program per tile of a row, then one per row ---------------------------------
+
+def race_tiles() -> Figure:
+    """One row of logits in tiles of RACE_BLOCK tokens: each program scores its tile on its own and keeps its best
+    (score, token); a second kernel picks the row's winner among the tiles."""
+    fig, ax = canvas(12, 5.0, 120, 50, ymin=1)
+    title(ax, 60, 48, "The race in one pass: each tile of a row finds its best token alone, then one program per row",
+          "score_i = l_i / T - log E_i  (E_i = -log U_i, U_i = hash(seed, position, token i)): no softmax, no sum")
+    ax.text(3, 36, "row r of the\nlogits [B, V]\n(bf16, read once)", fontsize=7.5, va="center")
+    labels = ["tokens 0 .. 4,095", "4,096 .. 8,191", "8,192 .. 12,287", "...", "151,552 .. 151,935"]
+    colours = [BLUE, ORANGE, GREEN, "white", PURPLE]
+    for t, (label, fc) in enumerate(zip(labels, colours)):
+        x = 20 + t * 20
+        box(ax, x, 33, 18, 6, label, fc=fc, size=7)
+        if label == "...":
+            ax.text(x + 9, 22, "38 tiles a row\n(RACE_BLOCK = 4,096)", fontsize=7, ha="center", va="center",
+                    color=NOTE)
+            continue
+        name = f"tile {t if t < 4 else 37}"
+        box(ax, x, 19, 18, 8, f"program (r, {name[5:]})\nscores its tile:\n-inf below the threshold", fc=fc,
+            size=6.5, rounded=True)
+        arrow(ax, (x + 9, 33), (x + 9, 27), color=NOTE, lw=0.8)
+        box(ax, x + 2, 10, 14, 4.5, "best (score, token)", fc="white", size=6.5)
+        arrow(ax, (x + 9, 19), (x + 9, 14.5), color=NOTE, lw=0.8)
+        arrow(ax, (x + 9, 10), (60, 6.5), color=RED, lw=0.9)
+    box(ax, 40, 2, 40, 4.5, "_race_reduce_kernel, program r: argmax over the 38 tiles -> token", fc=GREY, size=7.5,
+        weight="bold")
+    ax.text(3, 12, "nothing passes\nbetween tiles;\nties go to the\nlower token id", fontsize=7, va="center",
+            color=NOTE)
+    return fig
+
+
+# --- 14b: the decode GEMM with the gate fused, and K split -----------------------------------------------------
 
 def decode_gemm() -> Figure:
     """One program of the fused gate GEMM (gate and up rows N apart, two accumulators), and K split in parts."""
@@ -940,8 +972,9 @@ DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawi
     "decode_grid": (decode_grid, "11_triton_attention"),
     "async_timeline": (async_timeline, "12_async_scheduling"),
     "cuda_graph_buffers": (cuda_graph_buffers, "13_cuda_graphs"),
-    "decode_gemm": (decode_gemm, "14_triton_sampler"),
-    "pdl_chain": (pdl_chain, "14_triton_sampler"),
+    "race_tiles": (race_tiles, "14_triton_sampler"),
+    "decode_gemm": (decode_gemm, "14b_decode_gemms"),
+    "pdl_chain": (pdl_chain, "14b_decode_gemms"),
     "tp_split": (tp_split, "15_tensor_parallel"),
     "tp_processes": (tp_processes, "15_tensor_parallel"),
     "request_path": (request_path, "21_openai_server"),

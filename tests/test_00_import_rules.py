@@ -14,7 +14,7 @@ NOTEBOOKS = ROOT / "notebooks"
 
 # Known until the next issue ("One engine class, a typed batch, kernels chosen once") removes them: the engine's
 # class chain. Any other violation fails, and so does fixing one of these without updating this list. (The kernels
-# no longer import the layers: the layers choose their kernels when the model is built, notebook 14.)
+# no longer import the layers: the layers choose their kernels when the model is built, notebook 14b.)
 KNOWN_LAYERING = []
 KNOWN_DEEP = []
 

@@ -1,4 +1,4 @@
-"""Notebook 14, second case study: the decode GEMM (kernels/skinny_gemm.py) against torch, on a CPU through Triton's
+"""Notebook 14b: the decode GEMM (kernels/skinny_gemm.py) against torch, on a CPU through Triton's
 interpreter at small sizes and on a GPU (`-m gpu`) at Qwen3-0.6B's shapes; the fused gate's tiles."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Notebook 14, third case study: small decode batches as one chain of Triton kernels under programmatic dependent
+"""Notebook 14b: small decode batches as one chain of Triton kernels under programmatic dependent
 launch (kernels/pdl_chain.py), run by the layers of layers/kernel_layers.py that `KernelLayers` builds. On a CPU
 (Triton's interpreter): the norm kernel against notebook 02's, and which kernel each layer chose when it was built;
 on a GPU (`-m gpu`, Hopper or newer): PDL changes no bit, in a CUDA graph too, and the layers take the chain."""
