@@ -1,4 +1,5 @@
-"""Every closing question of every lesson is labelled Q<NN>.<k> (lesson NN, question k, numbered from 1) and
+"""Every closing question of every lesson is labelled Q<NN>.<k> (lesson NN, question k, numbered from 1; NN is the
+lesson's number as its file name spells it, "09b" say) and
 answered once in appendix C1 (notebooks/C1_solutions.ipynb) under a heading `### Q<NN>.<k>`; every answer
 heading belongs to a question, every lesson links to its answers, and every answer says more than a sentence."""
 import json
@@ -10,7 +11,7 @@ import pytest
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOLUTIONS = NOTEBOOKS / "C1_solutions.ipynb"
 LESSONS = sorted(p for p in NOTEBOOKS.glob("*.ipynb") if p.name[0].isdigit())
-LABEL = re.compile(r"^\d+\. \*\*(Q\d\d\.\d+)\*\* ", re.M)
+LABEL = re.compile(r"^\d+\. \*\*(Q\d\d[a-z]?\.\d+)\*\* ", re.M)
 
 
 def questions(path: Path) -> list[str]:
@@ -31,7 +32,7 @@ def answers() -> dict[str, str]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
             for part in re.split(r"^(#{2,3} .*)$", source, flags=re.M):
-                head = re.match(r"### (Q\d\d\.\d+)\s*$", part)
+                head = re.match(r"### (Q\d\d[a-z]?\.\d+)\s*$", part)
                 if head:
                     assert head.group(1) not in out, f"two answers for {head.group(1)}"
                     current = head.group(1)
@@ -50,7 +51,7 @@ ANSWERS = answers()
 
 @pytest.mark.parametrize("path", LESSONS, ids=[p.name for p in LESSONS])
 def test_questions_are_labelled_and_answered(path):
-    nn = path.name[:2]
+    nn = path.name.split("_")[0]  # "09", or "09b"
     labels = questions(path)
     assert labels == [f"Q{nn}.{k}" for k in range(1, len(labels) + 1)], f"{path.name}: labels {labels}"
     missing = [label for label in labels if label not in ANSWERS]
@@ -68,7 +69,7 @@ def test_every_answer_has_its_question_and_says_enough():
 
 
 def test_the_readers_read(tmp_path):
-    assert len(ANSWERS) >= 100 and all(re.fullmatch(r"Q\d\d\.\d+", label) for label in ANSWERS)
+    assert len(ANSWERS) >= 100 and all(re.fullmatch(r"Q\d\d[a-z]?\.\d+", label) for label in ANSWERS)
     nb = {"cells": [{"cell_type": "markdown", "source": "## Questions and exercises\n\n1. **Q99.1** Why?\n2. Then?"}]}
     path = tmp_path / "99_x.ipynb"
     path.write_text(json.dumps(nb))

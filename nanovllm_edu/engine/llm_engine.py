@@ -62,7 +62,7 @@ def requested_features(params: SamplingParams, names: tuple[str, ...] = REQUEST_
 
 # %% ../../notebooks/08_engine_core.ipynb #2c55b834
 class LLMEngine:
-    """Continuous-batching engine: requests in, one scheduled batch through the model per `step()`. Notebook 09
+    """Continuous-batching engine: requests in, one scheduled batch through the model per `step()`. Notebook 09b
     grows it in place with what a request may ask beyond sampling and the EOS and length stops; notebook 12
     grows its step loop to keep a step in flight."""
 
@@ -190,7 +190,7 @@ class LLMEngine:
             raise ValueError(f"a prompt has {len(token_ids)} tokens, which leaves no room to generate within "
                              f"max_model_len={self.config.max_model_len}; shorten it or raise max_model_len")
         seq = Sequence(token_ids, sampling_params, self.config.kvcache_block_size)
-        self.start_request(seq)  # what the request asks beyond sampling (refused here; notebook 09)
+        self.start_request(seq)  # what the request asks beyond sampling (refused here; notebook 09b)
         self.scheduler.check_can_fit(seq)
         return seq
 

@@ -241,7 +241,7 @@ class ModelRunner:
         return tokens, logprobs
 
     def launch(self, batch: ScheduledBatch) -> "StepOutput":
-        """Notebook 09's `launch`, its step run by the ranks (the other ranks get it first)."""
+        """Notebook 09b's `launch`, its step run by the ranks (the other ranks get it first)."""
         with self.observer.part("prepare"):
             step = self.prepare_step(batch)
             step, scored = with_prompt_rows(step, batch.seqs) if batch.is_prefill else (step, [])
