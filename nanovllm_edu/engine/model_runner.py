@@ -304,7 +304,7 @@ def pinned_copy(t: Tensor) -> Tensor:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     return host.copy_(t, non_blocking=True)
 
-# %% ../../notebooks/09_logit_processors.ipynb #rf-output-code
+# %% ../../notebooks/09b_request_features.ipynb #fork-output-code
 @dataclass
 class StepOutput:
     """The sampled tokens of a launched step, and what its requests asked beyond them: on the device at once,
@@ -336,7 +336,7 @@ class StepOutput:
             wait(self.ready) if wait is not None else self.ready.synchronize()
         return self.host.tolist()[:len(self.seqs)]  # the forks' rows are read by `forked`
 
-    # %% ../../notebooks/09_logit_processors.ipynb #rf-output-more
+    # %% ../../notebooks/09b_request_features.ipynb #fork-output-more
     def forked(self) -> list[tuple[Sequence, Sequence, int]]:
         """After `token_ids`: each fork's parent, new sequence and first token."""
         tokens = self.host.tolist()[len(self.seqs):]
