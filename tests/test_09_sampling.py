@@ -108,6 +108,21 @@ def test_min_p_one_is_greedy_and_min_p_narrows_sampling(llm):
         assert (lps[out["token_ids"][0]] - best) / 1.5 >= torch.log(torch.tensor(0.3)).item() - 1e-4
 
 
+def check_prompt_logprobs(out, prompt: list[int], hf, k: int) -> None:
+    """Position 0 is None; every other holds the actual token and the top k of transformers' log_softmax, and
+    the actual token's rank in it (1 + how many tokens are more likely; no near-ties in these rows)."""
+    assert out["prompt_logprobs"][0] is None and len(out["prompt_logprobs"]) == len(prompt)
+    assert out["prompt_logprob_ranks"][0] is None and len(out["prompt_logprob_ranks"]) == len(prompt)
+    with torch.no_grad():
+        reference = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)
+    for position in range(1, len(prompt)):
+        entry, row = out["prompt_logprobs"][position], reference[position - 1]
+        assert set(entry) == set(row.topk(k).indices.tolist()) | {prompt[position]}
+        for token, lp in entry.items():
+            assert abs(lp - row[token].item()) < 2e-3
+        assert out["prompt_logprob_ranks"][position] == 1 + (row > row[prompt[position]]).sum().item()
+
+
 @pytest.mark.parametrize("budget", [None, 7], ids=["one-chunk", "chunked"])
 def test_prompt_logprobs_equal_transformers(hf, budget):
     engine = LLM(tiny_model_path(), **SMALL, **({"max_num_batched_tokens": budget} if budget else {}))

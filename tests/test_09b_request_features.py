@@ -193,20 +193,3 @@ def test_n_completions_survive_preemption():
                                                                                    ignore_eos=True), use_tqdm=False)[0]
     assert tight.scheduler.num_preemptions > 0
     assert [o["token_ids"] for o in out["outputs"]] == [reference["token_ids"]] * 4
-
-
-def check_prompt_logprobs(out, prompt: list[int], hf, k: int) -> None:
-    """Position 0 is None; every other holds the actual token and the top k of transformers' log_softmax, and
-    the actual token's rank in it (1 + how many tokens are more likely; no near-ties in these rows)."""
-    assert out["prompt_logprobs"][0] is None and len(out["prompt_logprobs"]) == len(prompt)
-    assert out["prompt_logprob_ranks"][0] is None and len(out["prompt_logprob_ranks"]) == len(prompt)
-    with torch.no_grad():
-        reference = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)
-    for position in range(1, len(prompt)):
-        entry, row = out["prompt_logprobs"][position], reference[position - 1]
-        assert set(entry) == set(row.topk(k).indices.tolist()) | {prompt[position]}
-        for token, lp in entry.items():
-            assert abs(lp - row[token].item()) < 2e-3
-        assert out["prompt_logprob_ranks"][position] == 1 + (row > row[prompt[position]]).sum().item()
-
-
