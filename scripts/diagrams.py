@@ -111,8 +111,8 @@ def architecture() -> Figure:
     ax.text(2.5, 54.6, "engine/", fontsize=10, fontweight="bold", va="center")
     ax.text(117.5, 54.6, "engine/ never imports llm.py, online.py, serve/, course/, bench/, labs/", ha="right",
             va="center", fontsize=7.5, style="italic", color="#666666")
-    box(3, 44.5, 44, 53, "LLMEngine", ["llm_engine.py (08, grown by 09 and 12), completion.py",
-                                       "(09): generate, steps: launch + complete;",
+    box(3, 44.5, 44, 53, "LLMEngine", ["llm_engine.py (08, grown by 09b and 12), completion.py",
+                                       "(09b): generate, steps: launch + complete;",
                                        "record_outputs, fork_requests"])
     box(3, 29.5, 24, 39, "Scheduler", ["scheduler.py (06): schedule", "-> ScheduledBatch; reserve +",
                                        "commit, abort; grown by 12:", "can_schedule_ahead"], size=7.5)
@@ -123,7 +123,7 @@ def architecture() -> Figure:
         ["one device: the model (its shard), the paged KV cache, the Sampler",
          "launch: prepare_step (a ScheduledBatch -> StepInputs), ranks.run_step(execute)",
          "execute: device_inputs, forward, sample; token_ids: wait",
-         "its own methods, grown in place by 09 and 12, and two parts (13, 15; build_runner):"], "runner")
+         "its own methods, grown in place by 09, 09b and 12, and two parts (13, 15; build_runner):"], "runner")
     box(55, 21.5, 74, 34, "grown in place", ["prepare_step (07, 12)", "prepare_sample, sample,",
                                              "release (09)", "last_sampled (12)"], "runner", size=7.5)
     parts = [("ranks", ["LocalRanks (15) |", "TensorParallelRanks (15)", "tp_worker.py", "run_step, call, wait"]),

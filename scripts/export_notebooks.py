@@ -119,7 +119,7 @@ def write_module(name: str, writings: list[Writing], lib_path: Path) -> Path:
 
 def stage_package(root: Path, lesson: str) -> Path:
     """The folder to put first on `sys.path` so that `import nanovllm_edu` is the package as the numbered lessons
-    up to `lesson` ("09" or "09_request_features") export it, with the labs' checkers and the package's data
+    up to `lesson` ("09", "09b" or "09b_request_features") export it, with the labs' checkers and the package's data
     files (the tiny model, the tokenizer). Built under `.stages/NN/`, again only when one of those notebooks or the exporter changed."""
     cfg = get_config(root)
     number = lesson.split("_")[0]  # "09", or a lesson's full stem

@@ -21,7 +21,8 @@ def module_text(root: Path, name: str) -> str:
 def test_a_stage_holds_its_lessons_code_and_nothing_later():
     runner_09 = (stage_package(ROOT, "09") / "nanovllm_edu/engine/model_runner.py").read_text()
     runner_12 = (stage_package(ROOT, "12") / "nanovllm_edu/engine/model_runner.py").read_text()
-    assert "09_request_features.ipynb" in runner_09 and "12_async_scheduling" not in runner_09
+    assert "09_logit_processors.ipynb" in runner_09 and "09b_request_features" not in runner_09
+    assert "12_async_scheduling" not in runner_09
     assert "def mark_pending" in runner_12 and "def mark_pending" not in runner_09
     assert not (stage_package(ROOT, "09") / "nanovllm_edu/engine/tp_worker.py").exists(), "lesson 15 writes it"
     assert (stage_package(ROOT, "09") / "nanovllm_edu/assets/tiny-qwen3/model.safetensors").is_file()

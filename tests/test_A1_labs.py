@@ -319,7 +319,7 @@ def test_make_student_cli_and_missing_notebooks(tmp_path, capsys):
     assert result.returncode == 0, result.stderr
     assert "06_scheduler.ipynb: 1 exercise" in result.stdout
     assert "07_model_runner.ipynb: 1 exercise" in result.stdout  # the sampler
-    assert "09_request_features.ipynb: 1 exercise" in result.stdout  # the penalties
+    assert "09_logit_processors.ipynb: 1 exercise" in result.stdout  # the penalties
     for path in sorted((tmp_path / "out").glob("*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
             if "stub" in cell.metadata.get("tags", []):
@@ -342,7 +342,7 @@ def student_dir(tmp_path_factory):
     ("05_prefix_hashing", "prefix cache (05): 0/8", "BlockManager.__init__"),
     ("06_scheduler", "scheduler (06): 0/6", "Scheduler.__init__"),
     ("07_model_runner", "sampler (07): 0/6", "Sampler.forward"),
-    ("09_request_features", "penalties (09): 0/6", "apply_penalties"),
+    ("09_logit_processors", "penalties (09): 0/6", "apply_penalties"),
 ], ids=["03", "04", "05", "06", "07", "09"])
 def test_student_notebook_executes_up_to_its_first_exercise_and_its_checks_fail_after_run_all(
         student_dir, name, stage, stub):

@@ -14,7 +14,7 @@ from ..sampling_params import SamplingParams
 from .trace import EngineTrace, StepRecord
 
 SMALL_CACHE_ARGS = {"num_kvcache_blocks": 12, "kvcache_block_size": 16, "max_num_batched_tokens": 64,
-                    "max_num_seqs": 8, "device": "cpu", "async_scheduling": False}  # one step at a time (09's engine)
+                    "max_num_seqs": 8, "device": "cpu", "async_scheduling": False}  # one step at a time (09b's engine)
 
 
 def small_cache_requests(seed: int = 0, num: int = 8) -> tuple[list[list[int]], list[SamplingParams]]:

@@ -40,7 +40,7 @@ def stream(llm, prompts, sampling_params: SamplingParams | list[SamplingParams] 
 def _events(llm, seqs) -> Iterator[StreamEvent]:
     index = {seq.seq_id: i for i, seq in enumerate(seqs)}
     sent_tokens, sent_text = dict.fromkeys(index, 0), dict.fromkeys(index, "")
-    detokenizers = {seq.seq_id: IncrementalDetokenizer(llm.tokenizer) for seq in seqs}  # notebook 09's
+    detokenizers = {seq.seq_id: IncrementalDetokenizer(llm.tokenizer) for seq in seqs}  # notebook 09b's
     try:
         with llm.lock:  # another thread's generate or stream takes its turn, never half of ours
             for seq in seqs:

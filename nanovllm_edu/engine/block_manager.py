@@ -171,7 +171,7 @@ class BlockManager:
         for block_id in child.block_table:
             self.blocks[block_id].ref_count += 1
         if num_tokens % self.block_size == 0 or len(parent.block_table) <= full:  # nothing partial to copy
-            return [], True  # (or the parent's blocks are gone already: then the child needs none, notebook 09)
+            return [], True  # (or the parent's blocks are gone already: then the child needs none, notebook 09b)
         if not self.free_block_ids:
             return [], False
         child.block_table.append(self._take_block().block_id)

@@ -218,7 +218,7 @@ class Scheduler:
         seq.finish_reason = reason
         self.block_manager.deallocate(seq)
         # running, as a rule; waiting when it was preempted before the token that ends it (a fork with no free
-        # block, notebook 09)
+        # block, notebook 09b)
         (self.running if seq in self.running else self.waiting).remove(seq)
 
     def abort(self, seqs: list[Sequence] | None = None) -> list[Sequence]:
@@ -239,7 +239,7 @@ class Scheduler:
 
     # %% ../../notebooks/06_scheduler.ipynb #stop-code
     def start_running(self, seq: Sequence, token_id: int, has_blocks: bool, num_cached_tokens: int = 0) -> None:
-        """Run `seq`, whose prompt is already in its blocks (a fork, notebook 09; `num_cached_tokens` of it served
+        """Run `seq`, whose prompt is already in its blocks (a fork, notebook 09b; `num_cached_tokens` of it served
         from the prefix cache), from its first token `token_id` (EOS or max_tokens may end it at once); without all
         its blocks (`has_blocks` False) it is preempted."""
         seq.num_computed_tokens, seq.num_cached_tokens = seq.num_prompt_tokens, num_cached_tokens

@@ -46,7 +46,7 @@ class Sequence:
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         self.block_size = check_block_size(block_size)
         self.finish_reason: FinishReason | None = None  # set once finished
-        # what the engine keeps per request (notebook 09 attaches them; a bare sequence has none)
+        # what the engine keeps per request (notebook 09b attaches them; a bare sequence has none)
         self.completion = None  # CompletionState: logprobs, stop strings, the n > 1 completions
         self.metrics = None     # RequestMetrics: when the request passed each mark of its life
 

@@ -1,4 +1,4 @@
-"""Per-request metrics in every result (notebook 09): the marks of a request's life on one monotonic clock, in
+"""Per-request metrics in every result (lesson 09b): the marks of a request's life on one monotonic clock, in
 order, under sync and async scheduling, with preemptions counted and n > 1 completions combined."""
 import time
 from collections import Counter
