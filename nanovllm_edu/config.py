@@ -16,7 +16,7 @@ from transformers import AutoConfig, PretrainedConfig
 from .utils.device import DEVICE_CHOICES
 
 MODEL_TYPES = {"qwen3"}  # what the model registry (notebook 02) can build; register_model adds to it
-ATTENTION_BACKENDS = ["auto", "torch", "triton", "flash_attn"]  # notebooks 04 and 11 build them; registering one adds it
+ATTENTION_BACKENDS = ["auto", "torch", "triton", "flash_attn"]  # notebooks 04 and 12 build them; registering one adds it
 
 
 def check_model_folder(model: str | os.PathLike) -> dict:
@@ -106,7 +106,7 @@ class Config:
     gpu_memory_utilization: float = 0.9  # share of GPU memory the engine may use in all
     tensor_parallel_size: int = 1
     enforce_eager: bool = False  # True: no CUDA graphs
-    async_scheduling: bool = True  # plan and launch step N+1 while step N still runs (notebook 12)
+    async_scheduling: bool = True  # plan and launch step N+1 while step N still runs (notebook 13)
     kvcache_block_size: int = 256  # tokens per KV-cache block (power of two >= 16)
     num_kvcache_blocks: int = -1  # -1: size the cache automatically
     enable_prefix_caching: bool = True

@@ -97,11 +97,11 @@ def architecture() -> Figure:
     ax.text(60, 66.7, "(NN): the notebook that exports it.  Grey: how the classes relate.  Red: one step, in order.",
             ha="center", va="center", fontsize=8, style="italic", color="#666666")
     # top: the user-facing classes
-    box(3, 58, 44, 65.3, "LLM  (llm.py, 15)", ["class LLM(LLMEngine): make_runner picks the",
+    box(3, 58, 44, 65.3, "LLM  (llm.py, 17)", ["class LLM(LLMEngine): make_runner picks the",
                                                "runner: build_runner, its parts from the engine args"], "top")
-    box(52, 58, 84, 65.3, "OnlineLLM  (online.py, 19)", ["class OnlineLLM(LLM): an engine loop in a",
+    box(52, 58, 84, 65.3, "OnlineLLM  (online.py, 21)", ["class OnlineLLM(LLM): an engine loop in a",
                                                          "thread; submit, abort, streams"], "top")
-    box(91, 58, 117, 65.3, "serve/  (21, 22)", ["app.py, protocol.py: an OpenAI-", "compatible server on OnlineLLM"],
+    box(91, 58, 117, 65.3, "serve/  (23)", ["app.py, protocol.py: an OpenAI-", "compatible server on OnlineLLM"],
         "top")
     link((52, 61.8), (44, 61.8), "subclass", dy=1.0)
     link((91, 61.8), (84, 61.8), "uses", dy=1.0)
@@ -111,11 +111,11 @@ def architecture() -> Figure:
     ax.text(2.5, 54.6, "engine/", fontsize=10, fontweight="bold", va="center")
     ax.text(117.5, 54.6, "engine/ never imports llm.py, online.py, serve/, course/, bench/, labs/", ha="right",
             va="center", fontsize=7.5, style="italic", color="#666666")
-    box(3, 44.5, 44, 53, "LLMEngine", ["llm_engine.py (08, grown by 09b and 12), completion.py",
-                                       "(09b): generate, steps: launch + complete;",
+    box(3, 44.5, 44, 53, "LLMEngine", ["llm_engine.py (08, grown by 10 and 13), completion.py",
+                                       "(10): generate, steps: launch + complete;",
                                        "record_outputs, fork_requests"])
     box(3, 29.5, 24, 39, "Scheduler", ["scheduler.py (06): schedule", "-> ScheduledBatch; reserve +",
-                                       "commit, abort; grown by 12:", "can_schedule_ahead"], size=7.5)
+                                       "commit, abort; grown by 13:", "can_schedule_ahead"], size=7.5)
     box(27, 29.5, 44, 39, "Sequence", ["sequence.py (03)", "tokens, status,", "block_table"], size=7.5)
     box(3, 20, 44, 26.5, "BlockManager (enable_prefix_caching)",
         ["block_manager.py (03, grown by 05)"], size=7.5)
@@ -123,11 +123,11 @@ def architecture() -> Figure:
         ["one device: the model (its shard), the paged KV cache, the Sampler",
          "launch: prepare_step (a ScheduledBatch -> StepInputs), ranks.run_step(execute)",
          "execute: device_inputs, forward, sample; token_ids: wait",
-         "its own methods, grown in place by 09, 09b and 12, and two parts (13, 15; build_runner):"], "runner")
-    box(55, 21.5, 74, 34, "grown in place", ["prepare_step (07, 12)", "prepare_sample, sample,",
-                                             "release (09)", "last_sampled (12)"], "runner", size=7.5)
-    parts = [("ranks", ["LocalRanks (15) |", "TensorParallelRanks (15)", "tp_worker.py", "run_step, call, wait"]),
-             ("forward", ["EagerForward (13) |", "CUDAGraphForward (13)", "cuda_graph.py",
+         "its own methods, grown in place by 09, 10 and 13, and two parts (14, 17; build_runner):"], "runner")
+    box(55, 21.5, 74, 34, "grown in place", ["prepare_step (07, 13)", "prepare_sample, sample,",
+                                             "release (09)", "last_sampled (13)"], "runner", size=7.5)
+    parts = [("ranks", ["LocalRanks (17) |", "TensorParallelRanks (17)", "tp_worker.py", "run_step, call, wait"]),
+             ("forward", ["EagerForward (14) |", "CUDAGraphForward (14)", "cuda_graph.py",
                           "runner.forward_pass(step)"])]
     for i, (name, lines) in enumerate(parts, start=1):
         x0 = 55 + i * 20.5
@@ -138,9 +138,9 @@ def architecture() -> Figure:
     box(3, 7, 44, 15.5, "StepInputs  (utils/step_inputs.py, 04)",
         ["one per step: input_ids, positions, slot_mapping,", "block_tables, cu_seqlens, context_lens;",
          "read by the attention backends"], "low", size=7.5)
-    box(53, 7, 71, 15.5, "kernels/ (Triton)", ["store_kvcache (04)", "paged_attention,", "qk_norm_rope (11)",
-                                                "sampling (14)"], "low", size=7.5)
-    box(75, 7, 95, 15.5, "layers/", ["backends/: torch,", "triton, flash_attn (04, 11)", "Sampler (07)",
+    box(53, 7, 71, 15.5, "kernels/ (Triton)", ["store_kvcache (04)", "paged_attention,", "qk_norm_rope (12)",
+                                                "sampling (15)"], "low", size=7.5)
+    box(75, 7, 95, 15.5, "layers/", ["backends/: torch,", "triton, flash_attn (04, 12)", "Sampler (07)",
                                       "linear, norms, RoPE (02)"], "low", size=7.5)
     box(99, 7, 117, 15.5, "models/", ["registry: model_type", "-> Qwen3ForCausalLM", "qwen3.py (02)"], "low", size=7.5)
     link((40, 58), (62, 53), "build_runner", dx=2, dy=1.2, ha="left")
@@ -177,47 +177,51 @@ def architecture() -> Figure:
 LESSONS = [  # (number, title, what it adds to the package), in the course's three parts
     ("make it work", [("00", "setup", "utils/device, assets"), ("01", "tokenizer", "config"),
                       ("02", "Qwen3 model", "layers/, models/"), ("03", "paged blocks", "sequence,\nblock_manager"),
-                      ("04", "KV cache", "store kernel,\nstep_inputs, backends"), ("05", "prefix hashing", "block_manager"),
+                      ("04", "KV cache", "store kernel,\nstep_inputs,\nbackends"), ("05", "prefix\nhashing", "block_manager"),
                       ("06", "scheduler", "scheduler"), ("07", "model runner", "sampler,\nmodel_runner"),
-                      ("08", "engine", "llm_engine"), ("09", "request features", "completion,\nsampling_features"),
-                      ("10", "watching", "course/")]),
-    ("make it fast", [("11", "Triton attention", "paged_attention,\nqk_norm_rope"), ("12", "async scheduling",
-                                                                                    "grows scheduler,\nrunner, engine"),
-                      ("13", "CUDA graphs", "cuda_graph"), ("14", "Triton sampler", "kernels/sampling"),
-                      ("15", "tensor parallel", "layers/parallel,\ntp_worker, llm"), ("16", "benchmark", "bench/"),
-                      ("17", "where the\nseconds go", "bench/plots"), ("18", "profiling a\ndecode step", "bench/profile")]),
-    ("serve it", [("19", "serving: loop", "online"), ("20", "serving: latency", "bench/online,\nbench/flags"),
-                  ("21", "OpenAI server", "serve/")]),
+                      ("08", "engine", "llm_engine"), ("09", "logit\nprocessors", "sampling_\nfeatures"),
+                      ("10", "request\nfeatures", "completion"), ("11", "watching", "course/")]),
+    ("make it fast", [("12", "Triton\nattention", "paged_attention,\nqk_norm_rope"),
+                      ("13", "async\nscheduling", "grows scheduler,\nrunner, engine"),
+                      ("14", "CUDA graphs", "cuda_graph"), ("15", "Triton\nsampler", "kernels/sampling"),
+                      ("16", "decode GEMMs", "skinny_gemm,\npdl_chain"),
+                      ("17", "tensor\nparallel", "layers/parallel,\ntp_worker, llm"), ("18", "benchmark", "bench/"),
+                      ("19", "where the\nseconds go", "bench/plots"), ("20", "profiling a\ndecode step", "bench/profile")]),
+    ("serve it", [("21", "serving: loop", "online"), ("22", "serving:\nlatency", "bench/online,\nbench/flags"),
+                  ("23", "OpenAI server", "serve/")]),
 ]
+APPENDICES = [("A1", "labs", "checkers per stage,\nstudent editions"), ("A2", "server CLI", "python -m\nnanovllm_edu.serve"),
+              ("B1", "performance log", "every speed change\nand its record"), ("C1", "solutions", "an answer for every\nquestion Q<NN>.<k>"),
+              ("D1", "benchmark CLI", "python -m\nnanovllm_edu.bench")]
 
 
 def course_map() -> Figure:
     """Which lesson builds which part of the package, in the order the course builds them."""
     fig, ax = canvas(14, 5.4, 140, 62, ymin=8)
     title(ax, 70, 60.5, "The course: each lesson adds one part of nanovllm_edu",
-          "lesson, title, and what it exports (modules of nanovllm_edu); every notebook runs on a CPU; 11-18 measure on an H200")
+          "lesson, title, and what it exports (modules of nanovllm_edu); every notebook runs on a CPU; 12-20 measure on an H200")
     colours = [GREEN, BLUE, ORANGE]
     for row, ((part, lessons), colour) in enumerate(zip(LESSONS, colours)):
         y = 44 - row * 14
         ax.text(1, y + 5, part, fontsize=10, fontweight="bold", va="center", rotation=90, ha="center")
+        pitch = min(12.4, 135 / len(lessons))  # a row of twelve boxes fits the canvas as one of three does
         for i, (num, name, exports) in enumerate(lessons):
-            x = 3.5 + i * 12.4
-            box(ax, x, y, 11.4, 10, "", fc=colour, rounded=True)
-            ax.text(x + 5.7, y + 7.6, f"{num}\n{name}", ha="center", va="center", fontsize=7.4, fontweight="bold",
-                    linespacing=1.15)
-            ax.text(x + 5.7, y + 2.6, exports, ha="center", va="center", fontsize=6.4, color=INK, linespacing=1.15)
+            x = 3.5 + i * pitch
+            box(ax, x, y, pitch - 1, 10, "", fc=colour, rounded=True)
+            ax.text(x + (pitch - 1) / 2, y + 7.2, f"{num}\n{name}", ha="center", va="center", fontsize=7.2,
+                    fontweight="bold", linespacing=1.1)
+            ax.text(x + (pitch - 1) / 2, y + 2.4, exports, ha="center", va="center", fontsize=6.2, color=INK,
+                    linespacing=1.1)
             if i:
                 arrow(ax, (x - 1.0, y + 5), (x, y + 5), color=NOTE, lw=0.8)
-    for i, (num, name, what) in enumerate([("A1", "labs", "checkers per stage,\nstudent editions"),
-                                           ("B1", "performance log", "every speed change\nand its record"),
-                                           ("C1", "solutions", "an answer for every\nquestion Q<NN>.<k>")]):
-        x = 58 + i * 27
-        box(ax, x, 16, 24, 10, "", fc=GREY, rounded=True)
-        ax.text(x + 12, 23.4, f"{num} {name}", ha="center", va="center", fontsize=8, fontweight="bold")
-        ax.text(x + 12, 19.2, what, ha="center", va="center", fontsize=7, linespacing=1.2)
-    ax.text(58, 28, "appendices", fontsize=9, fontweight="bold", va="center")
+    for i, (num, name, what) in enumerate(APPENDICES):
+        x = 44 + i * 19.2
+        box(ax, x, 16, 18, 10, "", fc=GREY, rounded=True)
+        ax.text(x + 9, 23.4, f"{num} {name}", ha="center", va="center", fontsize=7.6, fontweight="bold")
+        ax.text(x + 9, 19.2, what, ha="center", va="center", fontsize=6.6, linespacing=1.2)
+    ax.text(44, 28, "appendices", fontsize=9, fontweight="bold", va="center")
     ax.text(3.5, 12, "Order rule: a lesson imports only from lessons before it (tests/test_00_import_rules.py).\n"
-                       "The engine generates text in 07-08 on the torch attention backend; 11-15 make the same "
+                       "The engine generates text in 07-08 on the torch attention backend; 12-17 make the same "
                        "engine fast without changing its greedy output.", fontsize=8, va="top", color=NOTE,
             linespacing=1.4)
     return fig
@@ -814,7 +818,7 @@ def race_tiles() -> Figure:
     return fig
 
 
-# --- 14b: the decode GEMM with the gate fused, and K split -----------------------------------------------------
+# --- 16: the decode GEMM with the gate fused, and K split -----------------------------------------------------
 
 def decode_gemm() -> Figure:
     """One program of the fused gate GEMM (gate and up rows N apart, two accumulators), and K split in parts."""
@@ -943,7 +947,7 @@ def request_path() -> Figure:
           "POST /v1/completions with stream=true: serve/protocol.py turns bodies into engine calls, serve/app.py carries them over HTTP")
     steps = [(7, "HTTP body\n(JSON dict)", GREY, "the client's request"),
              (29, "SamplingParams\n+ prompt", BLUE, "parse_completion_request,\nsampling_params"),
-             (51, "OnlineLLM\n.submit", ORANGE, "the engine loop\n(lesson 19)"),
+             (51, "OnlineLLM\n.submit", ORANGE, "the engine loop\n(lesson 21)"),
              (73, "RequestOutput\n(index, text)", GREEN, "RequestStream,\none per step"),
              (95, "SSE chunks\ndata: {...}", PURPLE, "StreamChunks, sse;\nlast: data: [DONE]")]
     for x, text, colour, note in steps:
@@ -968,16 +972,16 @@ DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawi
     "scheduler_step": (scheduler_step, "06_scheduler"),
     "mixed_step": (mixed_step, "06_scheduler"),
     "chunked_batch": (chunked_batch, "07_model_runner"),
-    "online_softmax": (online_softmax, "11_triton_attention"),
-    "decode_grid": (decode_grid, "11_triton_attention"),
-    "async_timeline": (async_timeline, "12_async_scheduling"),
-    "cuda_graph_buffers": (cuda_graph_buffers, "13_cuda_graphs"),
-    "race_tiles": (race_tiles, "14_triton_sampler"),
-    "decode_gemm": (decode_gemm, "14b_decode_gemms"),
-    "pdl_chain": (pdl_chain, "14b_decode_gemms"),
-    "tp_split": (tp_split, "15_tensor_parallel"),
-    "tp_processes": (tp_processes, "15_tensor_parallel"),
-    "request_path": (request_path, "21_openai_server"),
+    "online_softmax": (online_softmax, "12_triton_attention"),
+    "decode_grid": (decode_grid, "12_triton_attention"),
+    "async_timeline": (async_timeline, "13_async_scheduling"),
+    "cuda_graph_buffers": (cuda_graph_buffers, "14_cuda_graphs"),
+    "race_tiles": (race_tiles, "15_triton_sampler"),
+    "decode_gemm": (decode_gemm, "16_decode_gemms"),
+    "pdl_chain": (pdl_chain, "16_decode_gemms"),
+    "tp_split": (tp_split, "17_tensor_parallel"),
+    "tp_processes": (tp_processes, "17_tensor_parallel"),
+    "request_path": (request_path, "23_openai_server"),
 }
 
 

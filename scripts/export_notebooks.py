@@ -119,7 +119,7 @@ def write_module(name: str, writings: list[Writing], lib_path: Path) -> Path:
 
 def stage_package(root: Path, lesson: str) -> Path:
     """The folder to put first on `sys.path` so that `import nanovllm_edu` is the package as the numbered lessons
-    up to `lesson` ("09", "09b" or "09b_request_features") export it, with the labs' checkers and the package's data
+    up to `lesson` ("09" or "09_logit_processors") export it, with the labs' checkers and the package's data
     files (the tiny model, the tokenizer). Built under `.stages/NN/`, again only when one of those notebooks or the exporter changed."""
     cfg = get_config(root)
     number = lesson.split("_")[0]  # "09", or a lesson's full stem
@@ -127,7 +127,7 @@ def stage_package(root: Path, lesson: str) -> Path:
                if nb.name[:1].isdigit() and nb.name.split("_")[0] <= number]
     # modules only appendices write come whole: the labs (A1: each checker's module is imported only when a
     # lesson asks for it) and the benchmark's package __init__ and command line (D1: bench/__init__ loads the
-    # command line, which builds on lesson 20's flags, only when one of its names is asked for)
+    # command line, which builds on lesson 22's flags, only when one of its names is asked for)
     labs = {name: writings for name, writings in collect(root).items()
             if not any(w.notebook.name[:1].isdigit() for w in writings)}
     package = root / cfg.lib_path.name

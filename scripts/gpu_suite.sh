@@ -7,7 +7,7 @@
 #
 #   bash scripts/gpu_suite.sh [tests] [notebooks] [bench] [sync] [eager] [tp] [graphs] [kernels] [online] [mixed] [sweeps]
 #   (no argument: all but online, mixed and sweeps)
-#   NOTEBOOKS="notebooks/16_benchmark.ipynb" bash scripts/gpu_suite.sh notebooks                (some notebooks)
+#   NOTEBOOKS="notebooks/18_benchmark.ipynb" bash scripts/gpu_suite.sh notebooks                (some notebooks)
 #
 # Uses the machine's own python3 (torch, triton, transformers, safetensors, xxhash, tqdm, matplotlib); the
 # package is imported from this checkout. pytest's nbval options are dropped: notebooks are compared with their
@@ -80,21 +80,21 @@ for stage in "${stages[@]}"; do
     online)
       PYTHONFAULTHANDLER=1 timeout -s ABRT "${ONLINE_LIMIT_S:-600}" python3 -m nanovllm_edu.bench.online --random-weights qwen3-0.6b --backend triton --json "$RESULTS/online.json" --plot "$RESULTS/online.png" --stall-plot "$RESULTS/online_stall.png" 2>&1 | tee "$RESULTS/online.log" || status=1 ;;
     mixed)
-      # mixed against separate prefill/decode steps (notebooks 06, 13, 20): online latency, the seed benchmark, step cost
+      # mixed against separate prefill/decode steps (notebooks 06, 14, 22): online latency, the seed benchmark, step cost
       for part in online offline cost; do
         limit_var="MIXED_${part^^}_LIMIT_S"
         PYTHONFAULTHANDLER=1 timeout -s ABRT "${!limit_var:-300}" python3 scripts/mixed_steps_bench.py $part \
           --json "$RESULTS/mixed_$part.json" ${MIXED_ARGS:-} 2>&1 | tee "$RESULTS/mixed_$part.log" || status=1
       done ;;
     sweeps)
-      # the tile sweeps behind notebook 14's fused gate and notebook 11's decode tiles, and the prefill profile
+      # the tile sweeps behind notebook 15's fused gate and notebook 12's decode tiles, and the prefill profile
       run_scripts sweeps 400 "sweep_gemm.py --json $RESULTS/sweep_gemm.json" \
         "sweep_attention.py --json $RESULTS/sweep_attention.json" "profile_prefill.py --json $RESULTS/profile_prefill.json" ;;
     graphs)
       timeout 300 python3 scripts/measure_cuda_graphs.py --json "$RESULTS/cuda_graphs.json" 2>&1 | tee "$RESULTS/graphs.log" || status=1 ;;
     kernels)
       # the sampler, the decode GEMMs and attention against their floors, one decode step kernel by kernel (at
-      # batch 256 and at batch 1), and notebook 14's PDL chain against the kernels it replaces
+      # batch 256 and at batch 1), and notebook 15's PDL chain against the kernels it replaces
       run_scripts kernels 300 "measure_sampler.py --json $RESULTS/sampler.json" "kernel_tables.py --json-dir $RESULTS" \
         "profile_decode.py --json $RESULTS/profile_decode.json" "profile_decode.py --batch 1 --json $RESULTS/profile_decode_b1.json" \
         "profile_pdl.py --json $RESULTS/pdl_chain.json" ;;

@@ -3,7 +3,7 @@
     python scripts/make_figures.py                  # all of them
     python scripts/make_figures.py trace_tiny_cpu   # only the named ones
 
-- trace_tiny_cpu: runs the small-cache workload of notebook 10 on the shipped tiny model (CPU, greedy,
+- trace_tiny_cpu: runs the small-cache workload of notebook 11 on the shipped tiny model (CPU, greedy,
   deterministic) and writes figures/trace_tiny_cpu.json (the trace, without wall times) and .png.
 - cuda_graphs: redraws figures/cuda_graphs.png from the committed H200 measurements in
   figures/cuda_graphs.json (re-measuring them needs a GPU: scripts/gpu_suite.sh).

@@ -19,7 +19,7 @@ from nanovllm_edu.layers.triton_sampler import TritonSampler
 
 from measure_cuda_graphs import median_ms  # this folder is on sys.path when a script runs
 
-SEED_WORKLOAD_T = 0.6  # the benchmark's temperature (notebook 16)
+SEED_WORKLOAD_T = 0.6  # the benchmark's temperature (notebook 18)
 
 
 def kernels_per_call(fn, calls: int = 5) -> float:

@@ -1,4 +1,4 @@
-"""Mixed prefill/decode steps against separate steps on one GPU (notebooks 06, 13 and 20 read the record).
+"""Mixed prefill/decode steps against separate steps on one GPU (notebooks 06, 14 and 22 read the record).
 
     python scripts/mixed_steps_bench.py online  --json out/mixed_online.json    # 10 and 40 req/s, stall, chunk caps
     python scripts/mixed_steps_bench.py offline --json out/mixed_offline.json   # the seed benchmark, 3 runs each

@@ -16,7 +16,7 @@ The same step is re-run (positions do not advance). After a warm-up it times `--
 events (median per part; as in the engine, prepare_sample's host work comes before the forward, outside the
 timed span), then profiles each part in its own torch.profiler window of `--steps` repeats, so every kernel's
 part is known by construction (the sample window holds prepare_sample's copy to the device). Kernels are
-grouped by name into categories (nanovllm_edu/bench/profile.py, notebook 18) and sorted by time per step: "kernel_us_per_step" sums their durations, "ms_per_step" is time
+grouped by name into categories (nanovllm_edu/bench/profile.py, notebook 20) and sorted by time per step: "kernel_us_per_step" sums their durations, "ms_per_step" is time
 on the GPU's clock, launch gaps included. To compare code versions, run the same script with PYTHONPATH
 pointing at another copy of the package (`package_file` says which copy ran).
 """
@@ -35,7 +35,7 @@ import torch
 import nanovllm_edu
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.bench import random_weights_checkpoint
-from nanovllm_edu.bench.profile import kernel_rows, profile_part, summed  # grouping, categories: lesson 18
+from nanovllm_edu.bench.profile import kernel_rows, profile_part, summed  # grouping, categories: lesson 20
 from nanovllm_edu.engine.sequence import Sequence
 from nanovllm_edu.layers.sampler import SamplingInputs
 from nanovllm_edu.llm import LLM

@@ -9,7 +9,7 @@ layer so nothing stays in L2): add+RMSNorm, the qkv GEMM, QK-norm+RoPE, the KV s
 rotated queries: attention itself is left out, it is timed by scripts/sweep_attention.py), add+RMSNorm, the
 fused gate (gate_up GEMM with SiLU), the down GEMM. Variants:
 
-    today   compiled norms (torch.compile), cuBLAS for qkv/o/down, the fused gate (notebook 14b)
+    today   compiled norms (torch.compile), cuBLAS for qkv/o/down, the fused gate (notebook 16)
     triton  every norm and GEMM a Triton kernel of ours (kernels/pdl_chain.py's norm; GEMM tiles: the fastest
             unsplit ones of the GEMM sweep, as PLAIN_TILES holds them)
     pdl     triton, launched with PDL: each kernel starts early, waits for the previous one, lets the next start

@@ -1,4 +1,4 @@
-"""Every closing question of every lesson is labelled Q<NN>.<k> (lesson NN, as its file name spells it: 14 or 14b; question k, numbered from 1) and
+"""Every closing question of every lesson is labelled Q<NN>.<k> (lesson NN, as its file name spells it; question k, numbered from 1) and
 answered once in appendix C1 (notebooks/C1_solutions.ipynb) under a heading `### Q<NN>.<k>`; every answer
 heading belongs to a question, every lesson links to its answers, and every answer says more than a sentence."""
 import json
@@ -50,7 +50,7 @@ ANSWERS = answers()
 
 @pytest.mark.parametrize("path", LESSONS, ids=[p.name for p in LESSONS])
 def test_questions_are_labelled_and_answered(path):
-    nn = path.name.split("_")[0]  # "14", or "14b" for a lesson between 14 and 15
+    nn = path.name.split("_")[0]
     labels = questions(path)
     assert labels == [f"Q{nn}.{k}" for k in range(1, len(labels) + 1)], f"{path.name}: labels {labels}"
     missing = [label for label in labels if label not in ANSWERS]

@@ -20,16 +20,16 @@ def module_text(root: Path, name: str) -> str:
 
 def test_a_stage_holds_its_lessons_code_and_nothing_later():
     runner_09 = (stage_package(ROOT, "09") / "nanovllm_edu/engine/model_runner.py").read_text()
-    runner_12 = (stage_package(ROOT, "12") / "nanovllm_edu/engine/model_runner.py").read_text()
-    assert "09_logit_processors.ipynb" in runner_09 and "09b_request_features" not in runner_09
-    assert "12_async_scheduling" not in runner_09
-    assert "def mark_pending" in runner_12 and "def mark_pending" not in runner_09
-    assert not (stage_package(ROOT, "09") / "nanovllm_edu/engine/tp_worker.py").exists(), "lesson 15 writes it"
+    runner_13 = (stage_package(ROOT, "13") / "nanovllm_edu/engine/model_runner.py").read_text()
+    assert "09_logit_processors.ipynb" in runner_09 and "10_request_features" not in runner_09
+    assert "13_async_scheduling" not in runner_09
+    assert "def mark_pending" in runner_13 and "def mark_pending" not in runner_09
+    assert not (stage_package(ROOT, "09") / "nanovllm_edu/engine/tp_worker.py").exists(), "lesson 17 writes it"
     assert (stage_package(ROOT, "09") / "nanovllm_edu/assets/tiny-qwen3/model.safetensors").is_file()
 
 
 def test_the_last_lessons_stage_is_the_package_where_no_appendix_writes():
-    stage = stage_package(ROOT, "21") / "nanovllm_edu"
+    stage = stage_package(ROOT, "23") / "nanovllm_edu"
     package = ROOT / "nanovllm_edu"
     compared = 0
     for path in sorted(stage.rglob("*.py")):
@@ -40,7 +40,7 @@ def test_the_last_lessons_stage_is_the_package_where_no_appendix_writes():
         ours = (package / name).read_text(encoding="utf-8")
         if re.search(r"notebooks/[A-Z]\d_", ours):  # an appendix also writes it
             continue
-        assert module_text(stage, name) == module_text(package, name), f"{name}: stage 21 differs from the package"
+        assert module_text(stage, name) == module_text(package, name), f"{name}: stage 23 differs from the package"
         compared += 1
     assert compared > 50, compared
 
@@ -61,12 +61,12 @@ def test_a_lesson_kernel_imports_its_stage_and_hands_it_to_child_processes():
 
 
 def test_every_numbered_lesson_starts_on_its_stage():
-    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")):  # 14b_... too
+    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")):
         code = [c for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
         first = next(i for i, c in enumerate(code) if re.search(r"^\s*(from|import) nanovllm_edu", "".join(c["source"]), re.M))
         stage = next((i for i, c in enumerate(code) if c.get("id") == "course-stage"), None)
         assert stage is not None and stage < first, f"{nb.name}: no course-stage cell before its first import"
-        lesson = nb.name.split("_")[0]  # "09", or "14b"
+        lesson = nb.name.split("_")[0]
         assert f'use_course_stage("{lesson}")' in "".join(code[stage]["source"]), nb.name
 
 

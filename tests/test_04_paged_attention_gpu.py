@@ -5,7 +5,7 @@ import torch
 from attention_helpers import PagedSetup, cu, attn_step
 
 from nanovllm_edu.layers.backends.base import AttentionBackend
-from nanovllm_edu.layers.backends import triton_backend  # noqa: F401  (registers notebook 11's backend for "auto")
+from nanovllm_edu.layers.backends import triton_backend  # noqa: F401  (registers notebook 12's backend for "auto")
 from nanovllm_edu.layers.backends.registry import get_attention_backend
 from nanovllm_edu.layers.backends.torch_backend import TorchBackend
 

@@ -124,7 +124,7 @@ def test_mixed_n_greedy_completions_match_separate_steps(async_scheduling):
 
 
 def test_mixed_tp2_on_cpu_matches_transformers():
-    """One TP=2 engine (gloo ranks on the CPU, as in test_15_tensor_parallel.py) with mixed steps."""
+    """One TP=2 engine (gloo ranks on the CPU, as in test_17_tensor_parallel.py) with mixed steps."""
     prompts = workload("plain")[3:]  # short, long and medium prompts: the long one prefills beside decodes
     expected = hf_greedy(TINY, prompts, 16)
     llm = LLM(TINY, tensor_parallel_size=2, device="cpu", num_kvcache_blocks=64, mixed_steps=True, **MIX)

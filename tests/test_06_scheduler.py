@@ -242,7 +242,7 @@ def test_decode_limited_by_token_budget():
 
 
 def test_decode_rows_longest_first_running_order_kept():
-    """A decode step lists its rows longest context first (notebook 11's kernel was seen to start them in that order);
+    """A decode step lists its rows longest context first (notebook 12's kernel was seen to start them in that order);
     `running` keeps arrival order, so preemption still picks the newest; equal lengths keep that order."""
     sched = make(max_num_batched_tokens=256)
     short, long, mid, twin = seq(10), seq(60, start=100), seq(30, start=200), seq(30, start=300)
@@ -288,7 +288,7 @@ def test_abort_all_frees_everything():
 
 
 def test_postprocess_is_reserve_then_commit():
-    """One set of finish rules: postprocess's two halves, by hand, finish the same way (notebook 12 calls
+    """One set of finish rules: postprocess's two halves, by hand, finish the same way (notebook 13 calls
     them a step apart)."""
     whole, halves = make(), make()
     for sched in (whole, halves):

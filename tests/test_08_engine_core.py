@@ -1,4 +1,4 @@
-"""Notebook 08's LLMEngine, grown in place by notebooks 09 and 12: the package's one engine class generates what
+"""Notebook 08's LLMEngine, grown in place by notebooks 09 and 13: the package's one engine class generates what
 transformers does, `LLM` is one thin class over it, what a request asks is applied (not ignored) and given back
 when it ends, and the scheduler's batch carries its split to the runner."""
 import pytest

@@ -1,5 +1,5 @@
 """Lesson 09's logit processors end to end on CPU: penalties and min_p, logprobs and prompt logprobs against
-transformers' logits (the engine's own features, stop strings, n > 1, results and chat: test_09b_request_features.py)."""
+transformers' logits (the engine's own features, stop strings, n > 1, results and chat: test_10_request_features.py)."""
 import pytest
 import torch
 from transformers import AutoModelForCausalLM

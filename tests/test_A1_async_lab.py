@@ -1,4 +1,4 @@
-"""Appendix A1: the async-scheduling lab checker (notebook 12's `Scheduler`) passes the course's scheduler
+"""Appendix A1: the async-scheduling lab checker (notebook 13's `Scheduler`) passes the course's scheduler
 and names the right check for realistic broken ones."""
 from itertools import islice
 

@@ -39,7 +39,7 @@ def test_the_checker_leaves_the_global_rng_alone():
 
 @pytest.mark.skipif(not triton_available(), reason="needs Triton (its interpreter runs on a CPU)")
 def test_triton_backend_passes():
-    """The same checks, shapes and all, through notebook 11's kernels (on a CPU: Triton's interpreter, ~3 s)."""
+    """The same checks, shapes and all, through notebook 12's kernels (on a CPU: Triton's interpreter, ~3 s)."""
     from nanovllm_edu.layers.backends.triton_backend import TritonBackend
 
     report = check_attention_backend(TritonBackend)

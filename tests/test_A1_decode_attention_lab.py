@@ -1,4 +1,4 @@
-"""Appendix A1: the decode attention checker passes notebook 11's paged_decode and a plain torch decode, and
+"""Appendix A1: the decode attention checker passes notebook 12's paged_decode and a plain torch decode, and
 names the right check for broken ones (a `repeat` GQA mapping, an off-by-one mask, an ignored block table)."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Appendix A1: the decode GEMM checker passes notebook 14b's skinny_gemm and names the right check for broken
+"""Appendix A1: the decode GEMM checker passes notebook 16's skinny_gemm and names the right check for broken
 ones (gate and up swapped, the gate of the product, the last split dropped, rows past the first tile left out,
 atomics-like run-to-run noise)."""
 import pytest

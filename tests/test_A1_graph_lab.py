@@ -1,4 +1,4 @@
-"""The CUDA-graph lab (notebook 13), on a CPU: the checker passes our CUDAGraphRunner and names the right check for
+"""The CUDA-graph lab (notebook 14), on a CPU: the checker passes our CUDAGraphRunner and names the right check for
 realistic broken ones (each overrides one method)."""
 import time
 

@@ -1,4 +1,4 @@
-"""Appendix A1: the RMSNorm checker passes notebook 14b's rms_norm_triton and notebook 02's eager functions, and names
+"""Appendix A1: the RMSNorm checker passes notebook 16's rms_norm_triton and notebook 02's eager functions, and names
 the right check for broken ones (the gain applied before rounding, the residual sum left in float32, statistics in
 bf16, a residual written in place)."""
 import pytest

@@ -1,4 +1,4 @@
-"""Appendix A1: the tensor-parallel shard checker (notebook 15) passes our TensorParallelLayers and names the
+"""Appendix A1: the tensor-parallel shard checker (notebook 17) passes our TensorParallelLayers and names the
 right check for realistic broken shard loaders."""
 from pathlib import Path
 
@@ -238,17 +238,17 @@ def test_a_stubbed_factory_fails_every_check_without_raising():
     assert all(c.detail.startswith("NotImplementedError: Exercise") for c in report.checks), str(report)
 
 
-LESSON_CELLS = ("tp-linear-code", "tp-row-code", "tp-factory-code")  # where notebook 15 defines the target
+LESSON_CELLS = ("tp-linear-code", "tp-row-code", "tp-factory-code")  # where notebook 17 defines the target
 
 
 @pytest.mark.parametrize("stubbed", [False, True], ids=["as-written", "student-stubs"])
 def test_the_lesson_cells_pass_and_their_student_stubs_fail_every_check(stubbed):
-    """Notebook 15's three cells run as one namespace (as in the notebook): as written they pass; with every
+    """Notebook 17's three cells run as one namespace (as in the notebook): as written they pass; with every
     body stubbed (the student edition) each check fails on a NotImplementedError, and none crashes."""
     nbformat = pytest.importorskip("nbformat")
     from nanovllm_edu.labs.student import stub_source
 
-    cells = {c.get("id"): c.source for c in nbformat.read(ROOT / "notebooks" / "15_tensor_parallel.ipynb",
+    cells = {c.get("id"): c.source for c in nbformat.read(ROOT / "notebooks" / "17_tensor_parallel.ipynb",
                                                           as_version=4).cells}
     namespace = {"__name__": "notebook15"}
     for cell_id in LESSON_CELLS:

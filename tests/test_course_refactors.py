@@ -56,7 +56,7 @@ BEFORE_CELLS = [(nb.stem, cell.get("id"), tag.split(":", 1)[1])
 
 
 def test_refactor_lessons_show_their_before_code():
-    assert {lesson for lesson, _, _ in BEFORE_CELLS} >= {"12_async_scheduling"}
+    assert {lesson for lesson, _, _ in BEFORE_CELLS} >= {"13_async_scheduling"}
 
 
 @pytest.mark.parametrize("lesson,cell_id,earlier", BEFORE_CELLS)

@@ -1,5 +1,5 @@
 """scripts/profile_decode.py on a CPU: --smoke runs the whole path (batch, three parts, profiler, JSON,
-table). The kernel categories and the per-step grouping it imports are tested in tests/test_18_profile.py."""
+table). The kernel categories and the per-step grouping it imports are tested in tests/test_20_profile.py."""
 import json
 import os
 import subprocess

@@ -52,7 +52,7 @@ _COMMAND_LINE = {"ENGINE_ARGS": "flags", "engine_args_from": "flags", "main": "c
 
 def __getattr__(name: str):
     """The command line's names, loaded when first asked for (`from nanovllm_edu.bench import main` as usual):
-    `cli` builds on the flags lesson 20 writes, and lessons 16 to 19 import the rest of the package before it."""
+    `cli` builds on the flags lesson 22 writes, and lessons 18 to 21 import the rest of the package before it."""
     if name in _COMMAND_LINE:
         return getattr(importlib.import_module(f"{__name__}.{_COMMAND_LINE[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,10 +2,10 @@
 #   ../../notebooks/07_model_runner.ipynb
 #   ../../notebooks/08_engine_core.ipynb
 #   ../../notebooks/09_logit_processors.ipynb
-#   ../../notebooks/09b_request_features.ipynb
-#   ../../notebooks/12_async_scheduling.ipynb
-#   ../../notebooks/13_cuda_graphs.ipynb
-#   ../../notebooks/15_tensor_parallel.ipynb
+#   ../../notebooks/10_request_features.ipynb
+#   ../../notebooks/13_async_scheduling.ipynb
+#   ../../notebooks/14_cuda_graphs.ipynb
+#   ../../notebooks/17_tensor_parallel.ipynb
 
 # %% auto #0
 __all__ = ['CPU_KV_BUDGET_BYTES', 'CPU_KV_MIN_BYTES', 'ModelRunner', 'block_table_array', 'pinned_copy', 'StepOutput',
@@ -40,7 +40,7 @@ class ModelRunner:
     """One device's engine room: the model, the paged KV cache, the sampler. It turns a scheduled batch into
     step inputs, runs the model and samples: prepare, forward, sample."""
 
-    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-init-code
+    # %% ../../notebooks/17_tensor_parallel.ipynb #ranks-init-code
     def __init__(self, config: Config, rank: int = 0, device: torch.device | None = None,
                  ranks: "LocalRanks | None" = None, forward=None):
         self.config = config
@@ -55,10 +55,10 @@ class ModelRunner:
         self.sampler = make_sampler(self.device)
         self.token_counts = TokenCounts(config.hf_config.vocab_size, self.device)  # the penalties' memory (09)
         self.prompt_logprobs = None  # of the step being launched (09)
-        self.last_sampled: Tensor | None = None  # the previous step's sampled tokens, still on the device (12)
-        self.sampled_rows: dict[int, int] = {}  # seq_id -> row of last_sampled (the rank that plans; 12)
+        self.last_sampled: Tensor | None = None  # the previous step's sampled tokens, still on the device (13)
+        self.sampled_rows: dict[int, int] = {}  # seq_id -> row of last_sampled (the rank that plans; 13)
         self.num_kvcache_blocks = self.allocate_kv_cache()
-        self.forward_pass = (forward or EagerForward)(self)  # after the cache: graphs capture attention on it (13)
+        self.forward_pass = (forward or EagerForward)(self)  # after the cache: graphs capture attention on it (14)
 
     def exit(self) -> None:
         """Release the forward's resources (CUDA graphs hold NCCL kernels), then stop the other ranks."""
@@ -71,7 +71,7 @@ class ModelRunner:
         cfg = self.config.hf_config
         return 2 * cfg.num_hidden_layers * self.block_size * self.num_kv_heads * head_dim_of(cfg) * self.dtype.itemsize
 
-    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-init-code
+    # %% ../../notebooks/17_tensor_parallel.ipynb #ranks-init-code
     @property
     def num_kv_heads(self) -> int:
         """KV heads this rank stores: each rank caches the keys and values of its own heads only."""
@@ -82,7 +82,7 @@ class ModelRunner:
         """Blocks that max_num_seqs sequences of max_model_len tokens could ever hold at once."""
         return self.config.max_num_seqs * math.ceil(self.config.max_model_len / self.block_size)
 
-    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-init-code
+    # %% ../../notebooks/17_tensor_parallel.ipynb #ranks-init-code
     def kv_cache_blocks(self) -> int:
         """Notebook 07's cache size, the smallest over the ranks: a block id means the same slots on every rank."""
         if self.config.num_kvcache_blocks > 0:
@@ -178,7 +178,7 @@ class ModelRunner:
             context_lens=decode.context_lens, num_decode_rows=num_decodes,
             logits_indices=torch.cat([torch.arange(num_decodes), chunks.logits_indices + num_decodes]))
 
-    # %% ../../notebooks/12_async_scheduling.ipynb #36ea6a4c
+    # %% ../../notebooks/13_async_scheduling.ipynb #36ea6a4c
     def prepare_step(self, batch: ScheduledBatch) -> StepInputs:
         """Notebook 07's step inputs, with the rows whose input token is still on the device marked; remembers which
         sequence samples into which row, for the next step."""
@@ -197,7 +197,7 @@ class ModelRunner:
         sampling = sampling_inputs(seqs, self.config.hf_config.vocab_size, self.device)
         return add_request_inputs(sampling, seqs, self.token_counts, self.device)
 
-    # %% ../../notebooks/12_async_scheduling.ipynb #36ea6a4c
+    # %% ../../notebooks/13_async_scheduling.ipynb #36ea6a4c
     def device_inputs(self, step: StepInputs) -> StepInputs:
         """The step's inputs on this runner's device, its pending tokens read where the previous step left them."""
         step = step.to(self.device)
@@ -206,7 +206,7 @@ class ModelRunner:
                                          step.input_ids)
         return step
 
-    # %% ../../notebooks/13_cuda_graphs.ipynb #forward-after
+    # %% ../../notebooks/14_cuda_graphs.ipynb #forward-after
     def forward(self, step: StepInputs) -> Tensor | None:
         """Notebook 09's `forward`, the hidden states from the runner's forward part."""
         hidden = self.forward_pass(step)
@@ -223,10 +223,10 @@ class ModelRunner:
         """One token per row of `logits` and, for the rows that ask, (rows, logprob, top ids, top logprobs)."""
         return sample_with_features(self.sampler, logits, sampling, self.token_counts)
 
-    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-step-code
+    # %% ../../notebooks/17_tensor_parallel.ipynb #ranks-step-code
     @torch.inference_mode()
     def execute(self, step: StepInputs, sampling: SamplingInputs | None = None) -> tuple[Tensor | None, tuple | None]:
-        """Notebook 12's `execute`, this rank's part of a step: a rank without the logits samples nothing, and
+        """Notebook 13's `execute`, this rank's part of a step: a rank without the logits samples nothing, and
         the sampled tokens go to the ranks that need them."""
         with self.observer.part("prepare"):
             step = self.device_inputs(step)
@@ -241,7 +241,7 @@ class ModelRunner:
         return tokens, logprobs
 
     def launch(self, batch: ScheduledBatch) -> "StepOutput":
-        """Notebook 09b's `launch`, its step run by the ranks (the other ranks get it first)."""
+        """Notebook 10's `launch`, its step run by the ranks (the other ranks get it first)."""
         with self.observer.part("prepare"):
             step = self.prepare_step(batch)
             step, scored = with_prompt_rows(step, batch.seqs) if batch.is_prefill else (step, [])
@@ -256,7 +256,7 @@ class ModelRunner:
         return StepOutput.launched(sampled, tokens, logprobs, [(seq, child) for _, seq, child in forks],
                                    (scored, prompt_logprobs) if scored else None)
 
-    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-wait-code
+    # %% ../../notebooks/17_tensor_parallel.ipynb #ranks-wait-code
     def token_ids(self, output: "StepOutput") -> list[int]:
         """Wait for a launched step's tokens (the ranks' wait: rank 0 watches its workers meanwhile)."""
         with self.observer.part("sample"):
@@ -272,7 +272,7 @@ class ModelRunner:
         """A request ended: give its penalty row back."""
         self.token_counts.release(seq_id)
 
-    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-code
+    # %% ../../notebooks/17_tensor_parallel.ipynb #ranks-code
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy KV-cache blocks, in order with the steps launched, on every rank (each holds its shard of them)."""
         self.ranks.call(copy_kv_blocks, self, pairs)
@@ -304,7 +304,7 @@ def pinned_copy(t: Tensor) -> Tensor:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     return host.copy_(t, non_blocking=True)
 
-# %% ../../notebooks/09b_request_features.ipynb #fork-output-code
+# %% ../../notebooks/10_request_features.ipynb #fork-output-code
 @dataclass
 class StepOutput:
     """The sampled tokens of a launched step, and what its requests asked beyond them: on the device at once,
@@ -328,7 +328,7 @@ class StepOutput:
         ready.record()
         return cls(seqs, host, ready, logprobs, tuple(forks), prompt)
 
-    # %% ../../notebooks/15_tensor_parallel.ipynb #ranks-wait-code
+    # %% ../../notebooks/17_tensor_parallel.ipynb #ranks-wait-code
     def token_ids(self, wait=None) -> list[int]:
         """The token ids of the scheduled sequences, once the copy is done; `wait(event)` replaces a plain wait
         (it may watch workers)."""
@@ -336,7 +336,7 @@ class StepOutput:
             wait(self.ready) if wait is not None else self.ready.synchronize()
         return self.host.tolist()[:len(self.seqs)]  # the forks' rows are read by `forked`
 
-    # %% ../../notebooks/09b_request_features.ipynb #fork-output-more
+    # %% ../../notebooks/10_request_features.ipynb #fork-output-more
     def forked(self) -> list[tuple[Sequence, Sequence, int]]:
         """After `token_ids`: each fork's parent, new sequence and first token."""
         tokens = self.host.tolist()[len(self.seqs):]
@@ -358,7 +358,7 @@ from .observer import StepObserver
 from ..layers.sampling_features import TokenCounts, add_request_inputs, sample_with_features, score_prompt_rows
 from ..utils.step_inputs import PromptLogprobsStepInputs, with_prompt_rows
 
-# %% ../../notebooks/09b_request_features.ipynb #fork-runner-code
+# %% ../../notebooks/10_request_features.ipynb #fork-runner-code
 def waiting_forks(seq: Sequence) -> list[Sequence]:
     """The sequences waiting for `seq`'s prompt to finish (a request with n > 1)."""
     return seq.completion.waiting_forks if seq.completion is not None else []  # a bare sequence has none
@@ -369,7 +369,7 @@ def copy_kv_blocks(runner: ModelRunner, pairs: list[tuple[int, int]]) -> None:
     src, dst = (list(ids) for ids in zip(*pairs))
     runner.kv_cache[:, :, dst] = runner.kv_cache[:, :, src]
 
-# %% ../../notebooks/12_async_scheduling.ipynb #36ea6a4c
+# %% ../../notebooks/13_async_scheduling.ipynb #36ea6a4c
 from dataclasses import replace
 
 from .sequence import PENDING_TOKEN
@@ -390,7 +390,7 @@ def mark_pending(step: StepInputs, batch: ScheduledBatch, sampled_rows: dict[int
                            "plans one step ahead at most)")
     return replace(step, source_rows=source_rows)
 
-# %% ../../notebooks/13_cuda_graphs.ipynb #forward-after
+# %% ../../notebooks/14_cuda_graphs.ipynb #forward-after
 class EagerForward:
     """How a step's forward pass runs: eagerly, every step (the runner's `forward` part; `CUDAGraphForward`
     replays CUDA graphs)."""
@@ -405,7 +405,7 @@ class EagerForward:
     def close(self) -> None:
         """Free what the forward holds (nothing when eager)."""
 
-# %% ../../notebooks/15_tensor_parallel.ipynb #ranks-code
+# %% ../../notebooks/17_tensor_parallel.ipynb #ranks-code
 from collections.abc import Callable
 
 from ..layers.factory import LayerFactory

@@ -14,7 +14,7 @@ class StepObserver:
     `part(name)` around each part of the step (STEP_PARTS; the model runner reports prepare, forward and
     sample), `step_scheduled` once the batch is known and `step_finished` at the end. Attach one with
     `engine.observe(observer)` (observers attached inside one another's blocks all watch). Steps may overlap
-    (notebook 12) and finish in the order they started, unless an attached observer asks for
+    (notebook 13) and finish in the order they started, unless an attached observer asks for
     `one_step_at_a_time`."""
     one_step_at_a_time = False  # True: the engine waits for each step before it starts the next
     watches = False  # this base watches nothing, so the engine sends it no events; every subclass watches

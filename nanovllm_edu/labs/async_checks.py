@@ -4,10 +4,10 @@
 __all__ = ['EOS', 'BS', 'check_async_scheduling']
 
 # %% ../../notebooks/A1_labs.ipynb #async_checks-code
-"""Lab checks for async scheduling (notebook 12): a scheduler class that plans step n+1 before step n's tokens
+"""Lab checks for async scheduling (notebook 13): a scheduler class that plans step n+1 before step n's tokens
 are known. Exported from notebooks/A1_labs.ipynb.
 
-The target is `Scheduler`: notebook 06's (`reserve` at launch, `commit` when the ids arrive) with notebook 12's
+The target is `Scheduler`: notebook 06's (`reserve` at launch, `commit` when the ids arrive) with notebook 13's
 `can_schedule_ahead`. Every check drives it the way `LLMEngine.steps` does, asking
 `can_schedule_ahead` before it plans a step ahead, with fake token ids and no model."""
 import zlib
@@ -205,7 +205,7 @@ def _as_nobody_runs(cls) -> None:
 
 # %% ../../notebooks/A1_labs.ipynb #async_checks-code-3
 def check_async_scheduling(cls: type) -> LabReport:
-    """Conformance checks for an async scheduler class `cls(config, block_manager)` (notebook 12's contract:
+    """Conformance checks for an async scheduler class `cls(config, block_manager)` (notebook 13's contract:
     notebook 06's reserve/commit and `can_schedule_ahead`)."""
     return run_checks("async scheduling (12)", [
         ("a decode is planned before the previous step's tokens are known",

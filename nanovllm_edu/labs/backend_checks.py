@@ -5,7 +5,7 @@ __all__ = ['BLOCK_SIZE', 'HEAD_DIM', 'SCALE', 'ATOL', 'IGNORED_SCALE', 'Make', '
 
 # %% ../../notebooks/A1_labs.ipynb #backend_checks-code
 """Lab checker for an attention backend: notebook 04's `AttentionBackend` interface (its `TorchBackend`), which
-notebook 11's `TritonBackend` implements too.
+notebook 12's `TritonBackend` implements too.
 
 Exported from notebooks/A1_labs.ipynb.
 

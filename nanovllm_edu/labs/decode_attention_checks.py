@@ -4,7 +4,7 @@
 __all__ = ['BLOCK', 'F32_TOL', 'BF16_TOL', 'reference_decode', 'check_decode_attention']
 
 # %% ../../notebooks/A1_labs.ipynb #decode_attention_checks-code
-"""Lab checker for notebook 11's decode attention kernel, `paged_decode`.
+"""Lab checker for notebook 12's decode attention kernel, `paged_decode`.
 
 Exported from notebooks/A1_labs.ipynb.
 Every check builds a tiny paged cache (head_dim 16 or 32, blocks of 16 slots, a few sequences) so that the
@@ -203,7 +203,7 @@ _HEAD_HINT = ("query head h reads KV head h // group (group = num_heads // num_k
 
 # %% ../../notebooks/A1_labs.ipynb #decode_attention_checks-code-3
 def check_decode_attention(fn: Callable) -> LabReport:
-    """Conformance checks for a decode attention function with notebook 11's interface
+    """Conformance checks for a decode attention function with notebook 12's interface
     `fn(q, k_cache, v_cache, block_tables, context_lens, scale)` -> [B, H, D] (only these six are passed)."""
     return run_checks("decode attention (11)", [
         ("one sequence inside one block",

@@ -4,7 +4,7 @@
 __all__ = ['ROWS', 'TOL', 'check_skinny_gemm']
 
 # %% ../../notebooks/A1_labs.ipynb #gemm_checks-code
-"""Lab checks for notebook 14b's decode GEMM, `skinny_gemm(x, w, gated=False, splits=1)`.
+"""Lab checks for notebook 16's decode GEMM, `skinny_gemm(x, w, gated=False, splits=1)`.
 
 Exported from notebooks/A1_labs.ipynb."""
 from collections.abc import Callable
@@ -75,7 +75,7 @@ def _gg_inputs_kept(gemm: Callable) -> None:
 def check_skinny_gemm(gemm: Callable) -> LabReport:
     """Conformance checks for a decode GEMM `gemm(x, w, gated=False, splits=1)`: x [M, K] @ w[N, K].T, or
     silu(x gate.T) * (x up.T) for w = [gate | up] with `gated`, K split in `splits` parts."""
-    return run_checks("decode GEMM (14b)", [
+    return run_checks("decode GEMM (16)", [
         ("x @ w.T for any number of rows", "mask the rows past M in the last tile (load zeros, store nothing), "
          "and launch cdiv(M, BLOCK_M) row tiles", lambda: _gg_plain(gemm)),
         ("the gate: silu(x gate.T) * (x up.T)", "the up rows sit N rows below the gate rows; keep two "

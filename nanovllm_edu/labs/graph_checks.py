@@ -4,9 +4,9 @@
 __all__ = ['Replay', 'check_graph_replay']
 
 # %% ../../notebooks/A1_labs.ipynb #graph_checks-code
-"""Lab checks for CUDA-graph padding and replay (notebook 13), on a CPU. Exported from notebooks/A1_labs.ipynb.
+"""Lab checks for CUDA-graph padding and replay (notebook 14), on a CPU. Exported from notebooks/A1_labs.ipynb.
 
-The target is notebook 13's `CUDAGraphRunner`: static buffers, `capture`, `padded_size` and `run`. A CPU has
+The target is notebook 14's `CUDAGraphRunner`: static buffers, `capture`, `padded_size` and `run`. A CPU has
 no CUDA graphs, so the replay checks use the lesson's stand-in: `capture` is replaced by one that records,
 for each batch size, the forward call on the static buffers, and `replay()` runs exactly that call again.
 Like a real graph it reads only what is in the buffers at replay time: whatever `run` did not write there is
@@ -359,7 +359,7 @@ def _capture_buffers(runner_cls) -> None:
 
 
 def check_graph_replay(runner_cls: type) -> LabReport:
-    """Conformance checks for notebook 13's `CUDAGraphRunner(model, max_num_seqs, max_num_blocks, hidden_size,
+    """Conformance checks for notebook 14's `CUDAGraphRunner(model, max_num_seqs, max_num_blocks, hidden_size,
     dtype, device)`: `padded_size` and `run` through the lesson's CPU stand-in for graphs, `capture` under a
     fake torch.cuda."""
     checks = [

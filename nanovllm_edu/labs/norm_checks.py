@@ -4,7 +4,7 @@
 __all__ = ['SHAPES', 'EPS', 'check_rms_norm']
 
 # %% ../../notebooks/A1_labs.ipynb #norm_checks-code
-"""Lab checks for notebook 14b's norm, `rms_norm_triton(x, weight, eps, residual=None)`: notebook 02's RMSNorm with
+"""Lab checks for notebook 16's norm, `rms_norm_triton(x, weight, eps, residual=None)`: notebook 02's RMSNorm with
 the residual add, bit for bit in bf16.
 
 Exported from notebooks/A1_labs.ipynb."""
@@ -74,7 +74,7 @@ def _rn_inputs_kept(norm: Callable) -> None:
 def check_rms_norm(norm: Callable) -> LabReport:
     """Conformance checks for `norm(x, weight, eps, residual=None)`: rms_norm(x) for x [T, hidden], or with a
     residual (rms_norm(x + residual), x + residual), notebook 02's roundings in bf16."""
-    return run_checks("RMSNorm kernel (14b)", [
+    return run_checks("RMSNorm kernel (16)", [
         ("notebook 02's bits in bf16, any width", "statistics in float32; round x / rms to bf16, multiply by the "
          "gain, round again; mask the lanes past `hidden`", lambda: _rn_bits(norm)),
         ("the residual add: (rms_norm(x + residual), x + residual)", "add in float32, round the sum to bf16, "

@@ -4,7 +4,7 @@
 __all__ = ['HIDDEN', 'INTER', 'VOCAB', 'HEAD_DIM', 'HEADS', 'KV_HEADS', 'TP_SIZES', 'Target', 'check_tp_shards']
 
 # %% ../../notebooks/A1_labs.ipynb #tp_checks-code
-"""Lab checks for tensor-parallel shard loading (notebook 15): `check_tp_shards(TensorParallelLayers)`.
+"""Lab checks for tensor-parallel shard loading (notebook 17): `check_tp_shards(TensorParallelLayers)`.
 
 Exported from notebooks/A1_labs.ipynb.
 Every rank is built in this one process with its rank and size passed explicitly, loads the same full
@@ -284,7 +284,7 @@ def _compose(target: Target) -> None:
 
 
 def check_tp_shards(target: Target) -> LabReport:
-    """Conformance checks for a tensor-parallel layer factory `target(tp_rank, tp_size)` (notebook 15's
+    """Conformance checks for a tensor-parallel layer factory `target(tp_rank, tp_size)` (notebook 17's
     `TensorParallelLayers`): each rank's shard of every layer, loaded from full checkpoint tensors."""
     return run_checks("tensor-parallel shards (15)", [
         ("each rank's layers have its share of every size",

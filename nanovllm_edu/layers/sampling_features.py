@@ -49,7 +49,7 @@ class TokenCounts:
     """The penalties' memory, on the device: for each running request that asks for a penalty, a row of
     `counts` (how often each token occurs in its output) and of `prompt_seen` (which tokens its prompt holds).
     A row is filled when the request first samples and counted on the device after each sampling step, so a
-    step planned before the last tokens reach the CPU (notebook 12) still sees them."""
+    step planned before the last tokens reach the CPU (notebook 13) still sees them."""
 
     def __init__(self, vocab_size: int, device: torch.device):
         self.vocab_size, self.device = vocab_size, device

@@ -207,7 +207,7 @@ class Qwen3ForCausalLM(nn.Module):
         return self.model(input_ids, positions, step)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        "hidden [N, hidden] -> logits [N, vocab] (a layer factory's head may return None: notebook 15)."
+        "hidden [N, hidden] -> logits [N, vocab] (a layer factory's head may return None: notebook 17)."
         return self.lm_head(hidden_states)
 
     @torch.inference_mode()
@@ -225,5 +225,5 @@ class Qwen3ForCausalLM(nn.Module):
                         dtype: torch.dtype | str | None = None,
                         layers: LayerFactory | None = None) -> "Qwen3ForCausalLM":
         """Load a Qwen3 checkpoint folder (config.json + *.safetensors), eval mode, its own dtype by default.
-        `layers` builds the weight-holding layers (plain by default; notebook 15 cuts them over GPUs)."""
+        `layers` builds the weight-holding layers (plain by default; notebook 17 cuts them over GPUs)."""
         return build_pretrained(cls, load_model, path, device, dtype, layers)

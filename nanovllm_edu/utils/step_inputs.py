@@ -16,7 +16,7 @@ from torch import Tensor
 @dataclass
 class StepInputs:
     """Everything one engine step tells the model about its batch. The model runner builds it on the CPU
-    (notebook 07), tensor-parallel workers receive it as it is (notebook 15), and it travels down the
+    (notebook 07), tensor-parallel workers receive it as it is (notebook 17), and it travels down the
     forward call to every attention layer: nothing about a step lives in a global."""
     is_prefill: bool
     input_ids: Tensor     # int64 [T]: the tokens this step computes, every sequence's chunk back to back
@@ -32,7 +32,7 @@ class StepInputs:
     # a mixed step (notebook 06): rows [0, num_decode_rows) decode one token each (context_lens, the first rows
     # of block_tables), the rest are prefill chunks; cu_seqlens_q counts the step's rows (from num_decode_rows)
     num_decode_rows: int = 0
-    source_rows: Tensor | None = None  # int64 [T] (notebook 12): row of the last step's tokens holding each input
+    source_rows: Tensor | None = None  # int64 [T] (notebook 13): row of the last step's tokens holding each input
 
     @property
     def is_mixed(self) -> bool:

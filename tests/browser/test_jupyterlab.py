@@ -5,7 +5,7 @@ What it checks, per notebook:
      extension manager are switched off);
   2. `notebook:run-all-cells` runs every code cell; each ends with an execution count and no `error` output
      (checked in the notebook model and in the DOM);
-  3. an ipywidgets view rendered (the notebook's own CSS class, e.g. `nve-stepper` in notebook 10);
+  3. an ipywidgets view rendered (the notebook's own CSS class, e.g. `nve-stepper` in notebook 11);
   4. JupyterLab saved nothing (autosave is off, checkpoints go to a temporary folder; the server log has
      no "Saving file at").
 
@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 
 # Course notebooks with widgets, and the CSS class their widget carries.
-COURSE_NOTEBOOKS = {"10_watching_the_engine.ipynb": ".nve-stepper"}
+COURSE_NOTEBOOKS = {"11_watching_the_engine.ipynb": ".nve-stepper"}
 
 SERVER_START_S = 60
 KERNEL_START_S = 90

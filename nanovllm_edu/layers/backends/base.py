@@ -22,8 +22,8 @@ class AttentionBackend(ABC):
     k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim]; outputs [T, num_heads, head_dim].
     """
     name: str = "abstract"
-    supports_cuda_graphs: bool = False  # True when decode can be captured in a CUDA graph (notebook 13)
-    supports_full_graphs: bool = False  # True when `mixed` can be captured for any split of rows (notebook 13)
+    supports_cuda_graphs: bool = False  # True when decode can be captured in a CUDA graph (notebook 14)
+    supports_full_graphs: bool = False  # True when `mixed` can be captured for any split of rows (notebook 14)
 
     @abstractmethod
     def store_kvcache(self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
