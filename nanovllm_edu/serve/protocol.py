@@ -4,14 +4,12 @@
 __all__ = ['MAX_LOGPROBS', 'COMPLETION_MAX_TOKENS', 'MAX_PROMPTS', 'TABLE', 'SAMPLING_FIELDS', 'APIError', 'refuse',
            'OpenAIRequest', 'take', 'read_fields', 'parse_common', 'check_model', 'completion_prompts',
            'parse_completion_request', 'chat_messages', 'parse_chat_request', 'chat_prompt_ids', 'sampling_params',
-           'check_context_length', 'token_text', 'completion_logprobs', 'chat_logprobs', 'echo_logprobs',
-           'vllm_prompt_logprobs', 'opening', 'generated', 'sse', 'usage', 'text_length', 'response_body',
-           'StreamChunks']
+           'token_text', 'completion_logprobs', 'chat_logprobs', 'echo_logprobs', 'vllm_prompt_logprobs', 'opening',
+           'generated', 'sse', 'usage', 'text_length', 'response_body', 'StreamChunks']
 
 # %% ../../notebooks/23_openai_server.ipynb #srv-s1-code
-"""OpenAI's request and response bodies (exported from notebooks/23_openai_server.ipynb): a request body (a dict
-parsed from JSON) becomes a prompt, SamplingParams and options, checked field by field against protocol.json so
-that a bad value is a 400 naming its field; results and stream outputs become OpenAI's bodies and chunks."""
+"""OpenAI's request and response bodies (exported from notebooks/23_openai_server.ipynb): a body is checked field
+by field against protocol.json (a bad value is a 400 naming its field); results become bodies and chunks."""
 import itertools
 import json
 import secrets
@@ -210,8 +208,7 @@ def chat_prompt_ids(tokenizer, messages: list[dict], template_kwargs: dict,
 
 
 def sampling_params(request: OpenAIRequest, default_max_tokens: int) -> SamplingParams:
-    """The request's SamplingParams (a refused value: a 400 naming its field); echo with logprobs asks for the
-    prompt's logprobs too."""
+    """The request's SamplingParams (a refused value: a 400 naming its field); echo asks for prompt logprobs."""
     echoed = request.logprobs if request.echo else None
     prompt_k = max((k for k in (echoed, request.prompt_logprobs) if k is not None), default=None)
     args = {"max_tokens": default_max_tokens} | request.sampling | {"logprobs": request.logprobs,
@@ -220,15 +217,6 @@ def sampling_params(request: OpenAIRequest, default_max_tokens: int) -> Sampling
         return SamplingParams(**args)
     except ValueError as err:
         raise request.error(err) from None
-
-
-def check_context_length(request: OpenAIRequest, num_prompt_tokens: int, max_model_len: int) -> None:
-    """Refuse a prompt and max_tokens over max_model_len (the engine would cut the completion short, silently)."""
-    max_tokens = request.sampling.get("max_tokens")
-    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
-        raise refuse("context", name=request.aliases.get("max_tokens", "max_tokens"), most=max_model_len,
-                     total=num_prompt_tokens + max_tokens, count=num_prompt_tokens, max_tokens=max_tokens,
-                     where="prompt" if request.kind == "completion" else "messages")
 
 # %% ../../notebooks/23_openai_server.ipynb #srv-s7-code
 def token_text(tokenizer, token_id: int) -> str:
@@ -349,13 +337,6 @@ class StreamChunks:
         extra = {"usage": usage} if self.request.include_usage else {}  # OpenAI: null until the last chunk
         return self.request.envelope(self.object, choices, **extra)
 
-    def first(self) -> list[dict]:
-        """The chunks before any token: chat names the role of each choice."""
-        if self.request.kind == "completion":
-            return []
-        return [self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None} for i in range(self.request.n)])]
-
     def output(self, p: int, out: RequestOutput) -> list[dict]:
         """An output's chunks: its choice's opening first; none when it shows nothing (text held back)."""
         request, index, chunks = self.request, p * self.request.n + out.index, []
@@ -377,7 +358,3 @@ class StreamChunks:
         stop_reason = out.completion["stop_reason"] if out.completion is not None else None
         return chunks + [self.chunk([choice | {"logprobs": logprobs, "finish_reason": out.finish_reason,
                                                "stop_reason": stop_reason}])]
-
-    def last(self, results: list[dict]) -> list[dict]:
-        """The chunks after the last token: the usage, when asked for."""
-        return [self.chunk([], usage(self.request, results))] if self.request.include_usage else []
