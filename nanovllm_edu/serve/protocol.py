@@ -15,7 +15,7 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from importlib.resources import files
 
 from ..config import is_int
 from ..online import RequestOutput
@@ -24,7 +24,7 @@ from ..sampling_params import SamplingParams
 MAX_LOGPROBS = 20  # top tokens per position a request may ask for (OpenAI's chat limit, vLLM's default)
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat's default: whatever room is left)
 MAX_PROMPTS = 64  # prompts one /v1/completions request may hold (each becomes an engine request of its own)
-TABLE = json.loads((Path(__file__).parent / "protocol.json").read_text())  # fields per route, refusals
+TABLE = json.loads((files("nanovllm_edu.serve") / "protocol.json").read_text())  # fields per route, refusals
 SAMPLING_FIELDS = [name for name, kind in TABLE["fields"]["completion"].items() if kind == "sampling"]
 
 
