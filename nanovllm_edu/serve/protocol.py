@@ -312,8 +312,8 @@ def response_body(request: OpenAIRequest, results: list[dict], tokenizer) -> dic
                                           text_length(start["logprobs"]))
             if request.kind == "completion":  # the opening, then the tokens: texts and logprobs joined
                 both = [lps for lps in (start["logprobs"], logprobs) if lps is not None]
-                choice = start | {"text": start["text"] + text, "logprobs": {key: sum((lps[key] for lps in both), [])
-                                                                             for key in both[0]} if both else None}
+                logprobs = {key: [x for lps in both for x in lps[key]] for key in both[0]} if both else None
+                choice = start | {"text": start["text"] + text, "logprobs": logprobs}
             else:
                 choice = {"message": {"role": "assistant", "content": text}, "logprobs": logprobs}
             choices.append({"index": p * request.n + i, **choice, "finish_reason": out["finish_reason"],
