@@ -71,12 +71,12 @@ for stage in "${stages[@]}"; do
         fi
       done ;;
     notebooks)
-      # on the GPU, GPU-only cells run live and write their records into figures/ (copied to $RESULTS/figures)
+      # on the GPU, GPU-only cells run live and write their records into $RESULTS/figures (NANOVLLM_EDU_RECORDS),
+      # never over the committed records in figures/ that the lessons' prose reads
       mkdir -p "$RESULTS/notebooks" "$RESULTS/figures"
-      touch "$RESULTS/.start"
-      timeout "${NOTEBOOKS_LIMIT_S:-900}" python3 scripts/run_notebook.py ${NOTEBOOKS:-notebooks/*.ipynb} --log-dir "$RESULTS/notebooks" \
-        --timeout "${NOTEBOOK_LIMIT_S:-300}" 2>&1 | tee "$RESULTS/notebooks.log" || status=1
-      find figures -maxdepth 1 -name "*.json" -newer "$RESULTS/.start" -exec cp {} "$RESULTS/figures/" \; ;;
+      NANOVLLM_EDU_RECORDS="$(cd "$RESULTS/figures" && pwd)" timeout "${NOTEBOOKS_LIMIT_S:-900}" \
+        python3 scripts/run_notebook.py ${NOTEBOOKS:-notebooks/*.ipynb} --log-dir "$RESULTS/notebooks" \
+        --timeout "${NOTEBOOK_LIMIT_S:-300}" 2>&1 | tee "$RESULTS/notebooks.log" || status=1 ;;
     online)
       PYTHONFAULTHANDLER=1 timeout -s ABRT "${ONLINE_LIMIT_S:-600}" python3 -m nanovllm_edu.bench.online --random-weights qwen3-0.6b --backend triton --json "$RESULTS/online.json" --plot "$RESULTS/online.png" --stall-plot "$RESULTS/online_stall.png" 2>&1 | tee "$RESULTS/online.log" || status=1 ;;
     mixed)
