@@ -962,6 +962,116 @@ def request_path() -> Figure:
     return fig
 
 
+# --- 10: the incremental detokenizer's offsets, a split UTF-8 character, a stop string across tokens ------------
+
+def detokenizer_offsets() -> Figure:
+    """`IncrementalDetokenizer` and `StopStrings` over ' the café. Raise' (the tiny model's tokenizer, as notebook 10
+    prints it): the offsets per token, é's two bytes in two tokens, and '. Raise' found across two tokens."""
+    fig, ax = canvas(12, 5.8, 120, 58)
+    title(ax, 60, 56, "The incremental detokenizer, token by token: ' the café. Raise' with stop=['. Raise']",
+          "the tiny model's tokenizer (notebook 10 prints these rows); é is two bytes, C3 A9, and they arrive "
+          "in two tokens")
+    tokens = ["263", "1935", "69", "127", "102", "13", "3850"]
+    rows = [("token id", tokens),
+            ("its bytes", ["20 74 68 65", "20 63 61", "66", "C3", "A9", "2E", "20 52 61 69 73 65"]),
+            ("offsets before (prefix, read)", ["0, 0", "0, 1", "1, 2", "2, 3", "2, 3", "3, 5", "5, 6"]),
+            ("decode(tokens[prefix:])", ["' the'", "' the ca'", "' caf'", "'f\ufffd'", "'fé'", "'é.'", "'. Raise'"]),
+            ("minus decode(tokens[prefix:read])", ["''", "' the'", "' ca'", "'f'", "'f'", "'é'", "'.'"]),
+            ("= new text", ["' the'", "' ca'", "'f'", "'' (wait)", "'é'", "'.'", "' Raise'"]),
+            ("offsets after", ["0, 1", "1, 2", "2, 3", "2, 3 (kept)", "3, 5", "5, 6", "6, 7"])]
+    x0, w, h = 25, 13, 4
+    colours = [GREY, BLUE, GREEN, ORANGE, ORANGE, PURPLE, "#f4c7c3"]  # one per token, the same in the text below
+    fills = {3: "#fdd0a2", 4: "#fdd0a2", 6: "#fbe3e0"}
+    for r, (label, cells) in enumerate(rows):
+        y = 45 - r * h
+        ax.text(1, y + h / 2, label, fontsize=7.5, va="center", fontweight="bold" if r == 0 else "normal")
+        for c, text in enumerate(cells):
+            box(ax, x0 + c * w, y, w, h, text, fc=fills.get(c, "white") if r else colours[c], size=7.5,
+                weight="bold" if r == 0 else "normal")
+    ax.text(x0 + 3.5 * w, 49.6, "127 ends inside é: the window decodes to 'f' + U+FFFD, so add returns '' and "
+            "keeps both offsets; 102 completes it", fontsize=7, ha="center", color="#a04000")
+    # the text so far, one cell per character, coloured by the token that brought it
+    text, owner = " the café. Raise", [0, 0, 0, 0, 1, 1, 1, 2, 3, 5, 6, 6, 6, 6, 6, 6]
+    cx, cw, cy = 25, 4.6, 8
+    ax.text(1, cy + 2, "the text, by character\n(colour: its token)", fontsize=7.5, va="center")
+    for i, (ch, t) in enumerate(zip(text, owner)):
+        box(ax, cx + i * cw, cy, cw, 4, "\u2423" if ch == " " else ch, fc=colours[t], size=8.5)
+        ax.text(cx + i * cw + cw / 2, cy - 1.6, str(i), fontsize=7, ha="center", va="center", color=NOTE)
+    ax.text(cx + 8 * cw + cw / 2, cy + 4.9, "é: 127 + 102", fontsize=7, ha="center", color="#a04000")
+    # the window a stop may begin in, and the match
+    held = (cx + 4 * cw, cx + 10 * cw)
+    ax.annotate("", (held[0], cy + 7.6), (held[1], cy + 7.6), arrowprops=dict(arrowstyle="|-|", color="#6a51a3",
+                                                                              lw=1, mutation_scale=3))
+    ax.text(held[0] - 1, cy + 9.4, "when ' Raise' arrives, the search starts at len(text) - len('. Raise') + 1 = 10 "
+            "- 7 + 1 = 4: a stop may begin in the old text's last 6 characters", fontsize=7, color="#6a51a3")
+    ax.add_patch(Rectangle((cx + 9 * cw, cy - 0.4), 7 * cw, 4.8, fill=False, ec=RED, lw=2))
+    ax.text(cx + 16 * cw + 1.5, cy + 2, "'. Raise' found at 9, across\ntokens 13 and 3850: the text\nis cut to "
+            "' the café';\n3850 stays in token_ids", fontsize=7, va="center", color=RED, linespacing=1.1)
+    ax.text(1, 1.5, "while a request runs, a stream shows only text[:len(text) - 6]: the last len('. Raise') - 1 "
+            "characters may still be the start of the stop string (after '.' that is ' café.', the window above)",
+            fontsize=7, color=INK)
+    return fig
+
+
+# --- 23: the server's sequence diagram, a streamed request and a client that hangs up ---------------------------
+
+def server_sequence() -> Figure:
+    """A streamed completion through serve/app.py and online.py in time, one lifeline per party (the engine loop is
+    a thread of its own), then the abort path a client that hangs up takes while another request goes on."""
+    fig, ax = canvas(12, 9, 120, 90)
+    title(ax, 60, 88, "A streamed request in time, and a client that hangs up",
+          "serve/app.py on uvicorn's event loop, online.py's engine loop in its own thread; the RequestStream's "
+          "queue is the only thing the two threads share")
+    lanes = {"client\n(openai)": 10, "route on the event loop\n(build_app, respond)": 33,
+             "RequestStream\n(a thread-safe queue)": 59, "engine loop thread\n(OnlineLLM.serve_forever)": 84,
+             "Scheduler,\nBlockManager": 109}
+    for name, x in lanes.items():
+        box(ax, x - 9.5, 76.5, 19, 5.5, name, fc=GREY, size=7.5, rounded=True)
+        ax.vlines(x, 1, 76.5, color="#bbbbbb", lw=1, linestyles=(0, (4, 3)))
+    c, r, q, e, b = lanes.values()
+
+    def msg(y, x0, x1, label, color=INK, dashed=False, above=1.3):
+        ax.add_patch(FancyArrowPatch((x0, y), (x1, y), arrowstyle="-|>", mutation_scale=9, color=color, lw=1.1,
+                                     linestyle="--" if dashed else "-", shrinkA=0, shrinkB=0))
+        ax.text((x0 + x1) / 2, y + above, label, ha="center", va="center", fontsize=7, color=color)
+
+    def note(x, y, label, color=INK):
+        ax.text(x + 1.2, y, label, ha="left", va="center", fontsize=7, color=color, linespacing=1.1,
+                bbox=dict(boxstyle="square,pad=0.25", fc="white", ec="#cccccc", lw=0.6))
+
+    msg(73, c, r, "POST /v1/completions\n\"stream\": true", above=2)
+    note(r, 69, "post's route: json.loads(body), parse_completion_request")
+    msg(65.5, r, e, "respond -> submit: make_sequence, then OnlineLLM.submit_sequence: a RequestStream, "
+                  "inbox.put((\"add\", request)), wakeup.set()")
+    msg(62, r, c, "200: StreamingResponse(stream_events(...))", dashed=True)
+    box(ax, e - 0.8, 35, 1.6, 27, fc=ORANGE, ec="#a04000")  # the loop at work on this request
+    msg(57, e, b, "admit(): scheduler.queue(seq);\nsteps(): schedule, launch, complete", above=2.2)
+    msg(52.5, e, q, "publish() -> publish_request:\nstream.put(RequestOutput)", color="#a04000", above=2)
+    msg(47.5, q, r, "outputs_of: async for, woken\nby call_soon_threadsafe;\nadd_text holds back held_chars",
+        color="#a04000", above=2.7)
+    msg(44.5, r, c, "sse(chunk): data: {...}", color="#2171b5")
+    ax.add_patch(Rectangle((2, 43), 116, 18, fill=False, ec="#999999", lw=0.8, ls=":"))
+    ax.text(3, 59.8, "once per step", fontsize=7, ha="left", color=NOTE, style="italic")
+    msg(40, e, q, "the last output carries the result", color="#a04000")
+    msg(36.5, r, c, "usage chunk (include_usage), then data: [DONE]", color="#2171b5")
+    # the abort path
+    ax.hlines(33, 1, 119, color=RED, lw=0.8, linestyles=(0, (6, 3)))
+    ax.text(60, 31.5, "abort path: a client hangs up mid-stream while another request, B, is decoding beside it",
+            ha="center", fontsize=7.5, color=RED, fontweight="bold")
+    ax.text(c, 27.5, "X", ha="center", va="center", fontsize=11, color=RED, fontweight="bold")
+    msg(27.5, c + 1.5, r, "closes the\nconnection", color=RED, above=2)
+    note(r, 23, "Starlette sees http.disconnect and cancels stream_events: its finally calls stream.abort(),\n"
+                  "then log_request (\"dropped\"); no stream: wait_for_result's watcher task abort_on_disconnect reads it", color=RED)
+    msg(18.5, r, e, "stream.abort() -> OnlineLLM.abort: inbox.put((\"abort\", stream)), wakeup.set()", color=RED)
+    box(ax, e - 0.8, 1.5, 1.6, 15, fc=ORANGE, ec="#a04000")
+    note(e, 14, "admit(): to_abort; no step\nlaunched ahead till num_inflight == 0", color=RED)
+    msg(8.5, e, b, "apply_aborts -> abort_sequences:\nblocks freed", color=RED, above=2.2)
+    msg(4, e, q, "publish_request: the last\noutput, finish_reason \"abort\"", color=RED, above=2)
+    ax.text(b, 4, "B's steps go on", ha="center", va="center", fontsize=7, color=INK,
+            bbox=dict(boxstyle="square,pad=0.25", fc=GREEN, ec="#555555", lw=0.6))
+    return fig
+
+
 DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawing, the lesson that shows it)
     "course_map": (course_map, "00_setup"),
     "architecture": (architecture, "08_engine_core"),
@@ -982,6 +1092,8 @@ DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawi
     "tp_split": (tp_split, "17_tensor_parallel"),
     "tp_processes": (tp_processes, "17_tensor_parallel"),
     "request_path": (request_path, "23_openai_server"),
+    "detokenizer_offsets": (detokenizer_offsets, "10_request_features"),
+    "server_sequence": (server_sequence, "23_openai_server"),
 }
 
 
