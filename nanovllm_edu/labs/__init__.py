@@ -3,7 +3,8 @@
 # %% auto #0
 __all__ = ['CHECKERS', 'Check', 'LabReport', 'run_checks', 'check_store_kvcache', 'check_block_manager', 'check_prefix_cache',
            'check_scheduler', 'check_sampler', 'check_penalties', 'check_attention_backend', 'check_decode_attention',
-           'check_skinny_gemm', 'check_rms_norm', 'check_async_scheduling', 'check_graph_replay', 'check_tp_shards']
+           'check_skinny_gemm', 'check_rms_norm', 'check_async_scheduling', 'check_graph_replay', 'check_tp_shards',
+           'check_stop_strings', 'check_sse_stream']
 
 # %% ../../notebooks/A1_labs.ipynb #8d6ca62f
 """Lab checkers for each stage of the engine, and the student edition of the course (`make-student`). A checker's
@@ -19,10 +20,11 @@ _MODULES = {"Check": "report", "LabReport": "report", "run_checks": "report",
             "check_attention_backend": "backend_checks", "check_decode_attention": "decode_attention_checks",
             "check_skinny_gemm": "gemm_checks", "check_rms_norm": "norm_checks",
             "check_async_scheduling": "async_checks", "check_graph_replay": "graph_checks",
-            "check_tp_shards": "tp_checks"}
+            "check_tp_shards": "tp_checks", "check_stop_strings": "stop_checks", "check_sse_stream": "sse_checks"}
 _all_ = ["Check", "LabReport", "run_checks", "check_store_kvcache", "check_block_manager", "check_prefix_cache",
          "check_scheduler", "check_sampler", "check_penalties", "check_attention_backend", "check_decode_attention",
-         "check_skinny_gemm", "check_rms_norm", "check_async_scheduling", "check_graph_replay", "check_tp_shards"]  # nbdev adds these to __all__
+         "check_skinny_gemm", "check_rms_norm", "check_async_scheduling", "check_graph_replay", "check_tp_shards",
+         "check_stop_strings", "check_sse_stream"]  # nbdev adds these to __all__
 
 CHECKERS = {  # tag name -> (the checker's name, the object a solution cell defines for it by default)
     "store_kvcache": ("check_store_kvcache", "store_kvcache_torch"),
@@ -38,6 +40,8 @@ CHECKERS = {  # tag name -> (the checker's name, the object a solution cell defi
     "async_scheduling": ("check_async_scheduling", "Scheduler"),
     "graph_replay": ("check_graph_replay", "CUDAGraphRunner"),
     "tp_shards": ("check_tp_shards", "TensorParallelLayers"),
+    "stop_strings": ("check_stop_strings", "StopStrings"),
+    "sse_stream": ("check_sse_stream", "stream_events"),
 }
 
 
