@@ -227,6 +227,131 @@ def course_map() -> Figure:
     return fig
 
 
+# --- 01: bytes to unicode, then a BPE merge tree ------------------------------------------------------------
+
+def bpe_merge_tree() -> Figure:
+    """' café' to one token: its UTF-8 bytes, bytes_to_unicode's character for each, and Qwen3's merges in rank
+    order as a tree (the ranks and ids are the tokenizer's: lesson 01's bpe() prints them)."""
+    fig, ax = canvas(12, 5.3, 120, 53)
+    title(ax, 60, 51, "Byte-level BPE: ' café' becomes one token",
+          "text -> UTF-8 bytes -> one printable character per byte (bytes_to_unicode) -> Qwen3's merges, the "
+          "lowest rank first")
+    def cell(x, y, w, h, text, fc="white", size=8.5, weight="normal"):  # a box with a monospace label
+        box(ax, x, y, w, h, fc=fc)
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size, family="monospace",
+                fontweight=weight, color=INK)
+
+    xs = [36 + 9 * i + 3.7 for i in range(6)]  # the centres of the six byte columns
+    chars = ["Ġ", "c", "a", "f", "Ã", "©"]
+    for y, label in ((42, "text"), (36, "UTF-8 bytes"), (30, "bytes_to_unicode")):
+        ax.text(1, y, label, fontsize=8, fontweight="bold", va="center")
+    for x, ch in zip(xs[:4], ["space", "c", "a", "f"]):
+        box(ax, x - 3.7, 40, 7.4, 4, ch, fc=GREY, size=8 if ch != "space" else 7)
+    box(ax, xs[4] - 3.7, 40, 16.4, 4, "é", fc=GREY, size=8)
+    for x, b in zip(xs, ["0x20", "0x63", "0x61", "0x66", "0xc3", "0xa9"]):
+        cell(x - 3.7, 34, 7.4, 4, b, size=7.5)
+    for x, ch in zip(xs, chars):
+        cell(x - 3.7, 28, 7.4, 4, ch, fc=ORANGE if ch == "Ġ" else BLUE, size=9)
+    ax.text(xs[4] + 4.5, 45.2, "one character, two bytes", ha="center", fontsize=7, color=NOTE, style="italic")
+    # the merges: (left, right, rank); a merge of rank r makes token id 256 + r
+    merges = [("Ġ", "c", 16), ("Ã", "©", 707), ("Ġc", "a", 1906), ("Ġca", "f", 28847), ("Ġcaf", "Ã©", 51694)]
+    where = {ch: (x, 30.0) for x, ch in zip(xs, chars)}
+    for step, (left, right, rank) in enumerate(merges, 1):
+        (lx, ly), (rx, ry), y = where[left], where[right], 30 - 5.2 * step
+        x = (lx + rx) / 2
+        for cx, cy in ((lx, ly), (rx, ry)):
+            ax.plot([cx, x], [cy - 2, y + 1.8], color=NOTE, lw=0.9)
+        token = left + right
+        width = 1.4 * len(token) + 3
+        cell(x - width / 2, y - 1.8, width, 3.6, token, fc=GREEN, weight="bold" if step == len(merges) else "normal")
+        where[token] = (x, y)
+        ax.text(1, y, f"merge {step}: ({left}, {right})", fontsize=7.5, va="center", family="monospace")
+        ax.text(20, y, f"rank {rank:>6,} -> id {256 + rank:>6,}", fontsize=7.5, va="center", color=NOTE,
+                family="monospace")
+    ax.text(where["ĠcafÃ©"][0] + 6.5, where["ĠcafÃ©"][1], "= token 51,950, decodes to ' café'", fontsize=8,
+            va="center", fontweight="bold")
+    ax.text(92, 44.5, "bytes_to_unicode", fontsize=8.5, fontweight="bold", va="top")
+    ax.text(92, 41.5, "A printable byte keeps its own character\n(blue: 0x63 -> c, 0xc3 -> Ã, 0xa9 -> ©).\n"
+                      "The 68 others (control bytes, the space,\na few Latin-1 ones) move, in order, to\n"
+                      "U+0100 on (orange: 0x20 -> Ġ, U+0120).", fontsize=7.2, va="top", linespacing=1.35)
+    ax.text(92, 20.5, "Each step merges the adjacent pair of\nlowest rank in model.merges; a merge\nof rank r "
+                      "makes token id 256 + r.\nMerges ignore character borders:\nĠ + c (rank 16) comes before "
+                      "é's\ntwo bytes join (rank 707).", fontsize=7.2, va="top", linespacing=1.35)
+    return fig
+
+
+# --- 02: one decoder layer ----------------------------------------------------------------------------------
+
+def decoder_layer() -> Figure:
+    """One Qwen3 decoder layer at Qwen3-0.6B's shapes: the packed qkv GEMM, QK-norm, RoPE, GQA attention, o_proj,
+    the residual adds, and the packed gate/up GEMM with its SiLU gate (lesson 02 prints the config's shapes)."""
+    fig, ax = canvas(12, 7.6, 120, 76)
+    title(ax, 60, 74, "One decoder layer (Qwen3DecoderLayer) at Qwen3-0.6B's shapes",
+          "config.json: hidden_size 1024, 16 query heads and 8 KV heads of head_dim 128, intermediate_size 3072; "
+          "T tokens, one of 28 layers")
+    yq, yk, yv, yc = 56, 50, 44, 50
+    # the attention block
+    box(ax, 1, 45, 9, 10, "hidden_states\n[T, 1024]", fc=GREY, size=7.5)
+    arrow(ax, (10, yc), (13, yc))
+    box(ax, 13, 45, 11, 10, "input_layernorm\nRMSNorm(1024)", fc=GREEN, size=7.2)
+    arrow(ax, (24, yc), (27, yc))
+    box(ax, 27, 41, 12, 18, "qkv_proj\n(QKVLinear)\n1024 -> 4096\n(q 2048, k 1024,\nv 1024)\none GEMM", fc=BLUE, size=7.2)
+    for y, label in ((yq, "q [T, 16, 128]"), (yk, "k [T, 8, 128]")):
+        arrow(ax, (39, y), (51, y), label=label, dy=1.5)
+    arrow(ax, (39, yv), (75, yv), label="v [T, 8, 128]", dx=-12, dy=1.5)
+    ax.text(55.5, 61, "QK-norm: RMSNorm(128)\nof every head", ha="center", fontsize=7, color=NOTE, linespacing=1.2)
+    for y, name in ((yq, "q_norm"), (yk, "k_norm")):
+        box(ax, 51, y - 2.2, 9, 4.4, name, fc=GREEN, size=7.5)
+        arrow(ax, (60, y), (63, y))
+        arrow(ax, (71, y), (75, y))
+    box(ax, 63, 47.5, 8, 11, "RoPE\nrotary_emb\n(positions)", fc=PURPLE, size=7.2)
+    box(ax, 75, 41, 13, 18, "attn\nGQA, causal:\n16 query heads\nread 8 KV heads\n-> [T, 16, 128]", fc=ORANGE,
+        size=7.2)
+    arrow(ax, (88, yc), (96, yc), label="[T, 2048]", dy=1.5)
+    box(ax, 96, 45, 9, 10, "o_proj\n2048 -> 1024", fc=BLUE, size=7.2)
+    arrow(ax, (105, yc), (107.6, yc))
+    # GQA: query heads 2j and 2j + 1 read KV head j
+    ax.text(61.5, 38, "16 query heads", ha="right", va="center", fontsize=7)
+    ax.text(61.5, 34.5, "8 KV heads", ha="right", va="center", fontsize=7)
+    for h in range(16):
+        box(ax, 62.5 + h * 2.2, 37, 2.0, 2.0, fc=ORANGE)
+    for j in range(8):
+        box(ax, 62.5 + j * 4.4, 33.5, 4.2, 2.0, str(j), fc=BLUE, size=7)
+        ax.plot([63.5 + j * 4.4, 62.5 + j * 4.4 + 2.1], [37, 35.5], color=NOTE, lw=0.6)
+        ax.plot([65.7 + j * 4.4, 62.5 + j * 4.4 + 2.1], [37, 35.5], color=NOTE, lw=0.6)
+    ax.text(51, 36.2, "query heads 2j and 2j+1 share\nKV head j: the KV cache holds\n8 heads per token, not 16",
+            ha="right", fontsize=7, va="center", color=NOTE, linespacing=1.2)
+    # the residual stream, and the (+) each norm does for the block before it
+    for y in (yc, 17):
+        ax.add_patch(plt.Circle((110, y), 2.2, fc="white", ec=INK, lw=1.2))
+        ax.text(110, y, "+", ha="center", va="center", fontsize=12, fontweight="bold")
+    ax.plot([5.5, 5.5, 110], [55, 65, 65], color=RED, lw=1.4)
+    arrow(ax, (110, 65), (110, yc + 2.2), color=RED, lw=1.4)
+    ax.text(57, 66.3, "residual [T, 1024] (the layer's input)", ha="center", fontsize=7.5, color=RED, style="italic")
+    ax.plot([110, 110, 5.5, 5.5], [yc - 2.2, 30, 30, 17], color=INK, lw=1.2)
+    ax.text(30, 31.3, "h = hidden_states + attention: [T, 1024]", ha="center", fontsize=7.5, style="italic")
+    # the MLP block
+    arrow(ax, (5.5, 17), (12, 17))
+    box(ax, 12, 12, 15, 10, "post_attention_layernorm\nRMSNorm(1024)", fc=GREEN, size=7.2)
+    arrow(ax, (27, 17), (31, 17))
+    ax.add_patch(Rectangle((30, 10.5), 38.5, 13, fill=False, ec=NOTE, lw=0.9, ls="--"))
+    ax.text(49, 25, "gate_up_proj (GateUp): one GEMM, then the gate", ha="center", fontsize=7, color=NOTE)
+    box(ax, 31, 12, 11, 10, "GEMM\n1024 -> 6144", fc=BLUE, size=7.2)
+    arrow(ax, (42, 17), (54, 17), label="[T, 6144]\n= [gate | up]", dy=2.6)
+    box(ax, 54, 12, 13.5, 10, "silu(gate) * up\n(silu_and_mul)", fc=ORANGE, size=7.2)
+    arrow(ax, (67.5, 17), (79, 17), label="[T, 3072]", dy=1.5)
+    box(ax, 79, 12, 11, 10, "down_proj\n3072 -> 1024", fc=BLUE, size=7.2)
+    arrow(ax, (90, 17), (107.6, 17), label="[T, 1024]", dy=1.5)
+    ax.plot([5.5, 5.5, 110], [17, 5, 5], color=RED, lw=1.4)
+    arrow(ax, (110, 5), (110, 17 - 2.2), color=RED, lw=1.4)
+    ax.text(57, 6.3, "residual: h", ha="center", fontsize=7.5, color=RED, style="italic")
+    arrow(ax, (112.2, 17), (119.5, 17))
+    ax.text(115.5, 20.5, "next\nlayer", ha="center", fontsize=7, linespacing=1.1)
+    ax.text(108, 27, "each + is done by the norm after it: norm(x, residual)", ha="right", va="center", fontsize=7,
+            color=NOTE)
+    return fig
+
+
 # --- 03: block tables over the block pool ------------------------------------------------------------------
 
 def block_tables() -> Figure:
@@ -1074,6 +1199,8 @@ def server_sequence() -> Figure:
 
 DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawing, the lesson that shows it)
     "course_map": (course_map, "00_setup"),
+    "bpe_merge_tree": (bpe_merge_tree, "01_tokenizer"),
+    "decoder_layer": (decoder_layer, "02_qwen3_model"),
     "architecture": (architecture, "08_engine_core"),
     "generate_timeline": (generate_timeline, "08_engine_core"),
     "block_tables": (block_tables, "03_paged_blocks"),
