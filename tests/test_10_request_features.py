@@ -1,8 +1,6 @@
 """Lesson 10's request features end to end on CPU: stop strings and stop ids, results, chat, n > 1 completions
 sharing one prefill, and the refusals of what this engine cannot serve (the logit processors: test_09_sampling.py)."""
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from nanovllm_edu import LLM, SamplingParams
 from nanovllm_edu.assets import tiny_model_path
@@ -16,29 +14,6 @@ PROMPTS = ["Return the", "This module provides a class that", "Raise ValueError 
 @pytest.fixture(scope="module", params=[True, False], ids=["async", "sync"])
 def llm(request):
     return LLM(tiny_model_path(), async_scheduling=request.param, **SMALL)
-
-
-@pytest.fixture(scope="module")
-def hf():
-    return AutoModelForCausalLM.from_pretrained(tiny_model_path(), local_files_only=True).eval()
-
-
-def hf_logits(hf, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([ids])).logits[0, -1].float()
-
-
-def reference_penalised_greedy(hf, prompt: list[int], steps: int, presence=0.0, frequency=0.0, repetition=1.0):
-    """Greedy decoding step by step on transformers' logits, penalised as vLLM defines it (a plain loop)."""
-    out = []
-    for _ in range(steps):
-        logits = hf_logits(hf, prompt + out).clone()
-        for token in set(prompt) | set(out):
-            logits[token] = logits[token] / repetition if logits[token] > 0 else logits[token] * repetition
-        for token in set(out):
-            logits[token] -= frequency * out.count(token) + presence
-        out.append(int(logits.argmax()))
-    return out
 
 
 def test_stop_strings_end_the_text_before_them(llm):
