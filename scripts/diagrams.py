@@ -2,7 +2,9 @@
 
 `python scripts/make_figures.py diagrams` redraws them all into figures/diagrams/ (`DIAGRAMS` says which lesson
 shows each one; tests/test_00_diagrams.py checks that the lesson does and that a redraw gives the same picture).
-They need matplotlib only: nothing here imports the package, so a diagram cannot drift with a run's numbers.
+They need matplotlib only, but for two: `logits_row` computes its eight numbers per stage with the package's own
+processors (CPU arithmetic on one row, rounded to 2 decimals) so that the picture is what the code does, and
+`decode_step_kernels` reads a committed record in figures/. No diagram draws a run's live numbers.
 """
 from collections.abc import Callable
 from pathlib import Path
@@ -827,23 +829,25 @@ def cuda_graph_buffers() -> Figure:
                     "nothing; their other inputs are stale, and their outputs are ignored.", fontsize=7.5, color=NOTE,
             va="top", linespacing=1.4)
     # graphs by batch size
-    gx = 66
+    gx = 69
     ax.text(gx, 45, "one graph per batch size", fontsize=8.5, fontweight="bold")
     for i, bs in enumerate([1, 2, 4, 8, 16]):
         y = 38 - i * 5.2
         chosen = bs == padded
-        box(ax, gx, y, 16, 3.8, f"graph bs={bs}", fc=ORANGE if chosen else "white", size=7.5,
+        box(ax, gx, y, 14, 3.8, f"graph bs={bs}", fc=ORANGE if chosen else "white", size=7.5,
             weight="bold" if chosen else "normal", rounded=True)
-        ax.text(gx + 17, y + 1.9, "reads row 0" if bs == 1 else f"reads rows 0-{bs - 1}", fontsize=7, va="center",
+        ax.text(gx + 15, y + 1.9, "reads row 0" if bs == 1 else f"reads rows 0-{bs - 1}", fontsize=7, va="center",
                 color=NOTE)
     ax.text(gx, 11.2, "...  up to 512", fontsize=7.5, color=NOTE)
-    arrow(ax, (58, 29), (gx, 23.2), color=RED, lw=1.3, label="5 rows -> padded_size = 8", dx=1, dy=-3.5)
-    box(ax, 98, 14, 20, 26, "", fc="#f4f1fa", rounded=True)
-    ax.text(108, 37.5, "shared memory pool", ha="center", fontsize=8, fontweight="bold")
-    ax.text(108, 27, "the intermediate tensors\nof every graph live here;\ncaptured largest first,\nthe others reuse "
+    arrow(ax, (59.3, 27.3), (gx, 24.3), color=RED, lw=1.3)
+    ax.text(64.2, 31.5, "5 rows ->\npadded_size = 8", ha="center", va="center", fontsize=7, color=RED, style="italic",
+            linespacing=1.3)
+    box(ax, 99, 14, 20, 26, "", fc="#f4f1fa", rounded=True)
+    ax.text(109, 37.5, "shared memory pool", ha="center", fontsize=8, fontweight="bold")
+    ax.text(109, 27, "the intermediate tensors\nof every graph live here;\ncaptured largest first,\nthe others reuse "
                      "its\nmemory: graphs never\nrun at the same time", ha="center", va="center", fontsize=7,
             linespacing=1.35)
-    arrow(ax, (gx + 16, 24), (98, 24), color=NOTE, lw=0.8)
+    arrow(ax, (93.5, 24.3), (99, 24.3), color=NOTE, lw=0.8)
     return fig
 
 
@@ -1197,6 +1201,75 @@ def server_sequence() -> Figure:
     return fig
 
 
+# --- 09: one row of logits through the processors, in the package's order --------------------------------
+
+LOGITS_ROW_VOCAB = ["the", " cat", " sat", " on", " a", " mat", " dog", "."]
+
+
+def logits_row_stages() -> dict[str, list[float]]:
+    """The eight-token row of notebook 09's diagram after each processor, computed with the package's own
+    functions in the order `sample_with_features` and `Sampler.forward` apply them (-inf: masked)."""
+    import torch  # the package's functions, on the CPU: eight logits, no float bits in what is drawn (2 decimals)
+
+    from nanovllm_edu.layers.sampler import Sampler
+    from nanovllm_edu.layers.sampling_features import apply_min_p, apply_penalties
+
+    one = lambda v, dtype=torch.float32: torch.tensor([v], dtype=dtype)
+    raw = torch.tensor([[3.2, 2.8, 2.0, 1.4, 1.0, 0.4, -0.5, -1.5]])
+    counts = torch.tensor([[2, 1, 0, 0, 0, 0, 0, 0]], dtype=torch.int32)  # the output holds "the" twice, " cat" once
+    prompt_seen = torch.tensor([[False] * 5 + [True] + [False] * 2])  # the prompt held " mat"
+    T = one(0.8)
+    penalised = apply_penalties(raw, counts, prompt_seen, one(0.2), one(0.3), one(1.2))
+    min_p = apply_min_p(penalised, T, one(0.1))
+    scaled = min_p / T
+    top_k = Sampler.apply_top_k_top_p(scaled, one(5, torch.int64), None)
+    top_p = Sampler.apply_top_k_top_p(scaled, one(5, torch.int64), one(0.8))
+    rows = {"raw logits": raw, "apply_penalties\nrep 1.2, freq 0.3, pres 0.2": penalised,
+            "apply_min_p\nmin_p 0.1 at T 0.8": min_p, "divide by T = 0.8": scaled, "top_k 5": top_k,
+            "top_p 0.8\n(of what top-k keeps)": top_p, "softmax: the race's\nprobabilities": torch.softmax(top_p, -1)}
+    return {name: [round(v, 2) if v != float("-inf") else v for v in row[0].tolist()] for name, row in rows.items()}
+
+
+def logits_row() -> Figure:
+    """One row of eight logits through the processors in the package's order: penalties, min_p (both before the
+    sampler), then the sampler's temperature, top-k and top-p, and the probabilities the race draws from."""
+    stages = logits_row_stages()
+    n, width = len(LOGITS_ROW_VOCAB), 1.45
+    fig, ax = canvas(11, 7.6, 16.5, len(stages) * 3.4 + 3.2, ymin=-1.2)
+    title(ax, 8.25, len(stages) * 3.4 + 2.4, "One row of logits through the processors, in the package's order",
+          "sample_with_features: penalties, min_p; then Sampler.forward: / T, top-k, top-p, the race (grey: masked, "
+          "-inf)")
+    x0 = 4.4
+    for c, token in enumerate(LOGITS_ROW_VOCAB):
+        ax.text(x0 + c * width + width / 2, -0.6, repr(token), ha="center", va="center", fontsize=8, family="monospace")
+    masked_before = [False] * n
+    for r, (name, values) in enumerate(stages.items()):
+        base = (len(stages) - 1 - r) * 3.4 + 0.6  # the zero line of this stage's bars
+        is_prob = r == len(stages) - 1
+        scale = 6.0 if is_prob else 0.55  # height per unit: probabilities fill the row, logits go from -1.5 to 3.2
+        zero = base + (0.1 if is_prob else 0.95)
+        ax.text(4.0, base + 1.3, name, ha="right", va="center", fontsize=7.8, color=INK, linespacing=1.2)
+        ax.plot([x0, x0 + n * width], [zero, zero], color=NOTE, lw=0.6)
+        for c, v in enumerate(values):
+            x = x0 + c * width + 0.12
+            if v == float("-inf") or (is_prob and masked_before[c]):
+                new = not masked_before[c]
+                ax.add_patch(Rectangle((x, base + 0.2), width - 0.24, 2.3, fc=GREY, ec=RED if new else "#bbbbbb",
+                                       lw=1.4 if new else 0.6, zorder=3))
+                ax.text(x + (width - 0.24) / 2, base + 1.35, ("masked\nhere" if new else "0") if is_prob or new
+                        else "-inf", ha="center", va="center", fontsize=7, color=RED if new else NOTE, zorder=4,
+                        fontweight="bold" if new else "normal", linespacing=1.2)
+                masked_before[c] = True
+                continue
+            h = v * scale
+            ax.add_patch(Rectangle((x, zero if h >= 0 else zero + h), width - 0.24, abs(h),
+                                   fc=GREEN if is_prob else BLUE, ec="#555555", lw=0.6))
+            label = f"{v:.2f}"
+            ax.text(x + (width - 0.24) / 2, zero + max(h, 0) + 0.12, label, ha="center", va="bottom", fontsize=6.8,
+                    color=INK)
+    return fig
+
+
 DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawing, the lesson that shows it)
     "course_map": (course_map, "00_setup"),
     "bpe_merge_tree": (bpe_merge_tree, "01_tokenizer"),
@@ -1221,6 +1294,7 @@ DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawi
     "request_path": (request_path, "23_openai_server"),
     "detokenizer_offsets": (detokenizer_offsets, "10_request_features"),
     "server_sequence": (server_sequence, "23_openai_server"),
+    "logits_row": (logits_row, "09_logit_processors"),
 }
 
 
