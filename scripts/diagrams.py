@@ -1270,6 +1270,89 @@ def logits_row() -> Figure:
     return fig
 
 
+# --- 20: one decode step's kernels, from the committed H200 profile -----------------------------------------
+
+PROFILE_RECORD = Path(__file__).resolve().parents[1] / "figures" / "profile_decode_h200_after.json"
+KERNEL_COLOURS = {"attention": BLUE, "gemm": ORANGE, "elementwise/norm": GREEN, "sampler": PURPLE,
+                  "memcpy/memset": GREY}
+
+
+def short_kernel_name(name: str) -> str:
+    """A kernel's name short enough for a label: cuBLAS's nvjet tiles, compiled norms, the rest cut at '('."""
+    if name.startswith("nvjet_sm90_tst_"):
+        return "cuBLAS " + name.removeprefix("nvjet_sm90_tst_").split("_")[0]
+    if name.startswith("triton_per_fused"):
+        return "add + RMSNorm" if "_add_" in name else "RMSNorm"
+    return name.split("(")[0].removeprefix("void at::native::").split("<")[0]
+
+
+def decode_step_kernels() -> Figure:
+    """The H200 decode step of figures/profile_decode_h200_after.json as one lane of kernel time per part
+    (forward, logits, sample), coloured by category, then everything but decode attention magnified."""
+    import json
+
+    record = json.loads(PROFILE_RECORD.read_text())
+    step_us, kernels = record["ms_per_step"]["total"] * 1e3, record["kernels"]
+    gap_us = step_us - record["kernel_us_per_step"]["total"]
+    order = {part: i for i, part in enumerate(("forward", "logits", "sample"))}
+    cats = list(KERNEL_COLOURS)
+    rows = sorted(kernels, key=lambda k: (order[k["part"]], cats.index(k["category"]), -k["us_per_step"]))
+    fig, ax = canvas(12, 5.6, 120, 56)
+    title(ax, 60, 53.5, f"One decode step on the H200: {record['ms_per_step']['total']:.2f} ms, "
+                        f"{record['kernels_per_step']['total']:.0f} kernels",
+          f"Qwen3-0.6B, batch {record['batch']}, about {record['context_lens']['mean']:,.0f} cached tokens each, "
+          f"forward replayed as a CUDA graph, {record['attention_backend']} attention ({PROFILE_RECORD.name})")
+
+    def lane(y, h, items, total, wide, narrow):
+        """Segments (label, us, colour, hatch) side by side from x 10 to 116, `total` us wide; a segment of at
+        least `wide` us gets its label across, of at least `narrow` us along it (rotated)."""
+        x = 10.0
+        for label, us, colour, hatch in items:
+            w = 106 * us / total
+            ax.add_patch(Rectangle((x, y), w, h, fc=colour, ec="#555555", lw=0.5, hatch=hatch))
+            if us >= narrow:
+                across = us >= wide  # a narrow one drops `_kernel`, so that its label fits along it
+                text = label if across else label.strip("_").replace("_kernel", "")
+                ax.text(x + w / 2, y + h / 2, f"{text}\n{us:,.0f} us", ha="center", va="center", fontsize=6.5,
+                        rotation=0 if across else 90, color=INK, linespacing=1.15,
+                        bbox=dict(boxstyle="square,pad=0.15", fc="white", ec="none") if hatch else None)
+            x += w
+
+    items = [(f"{short_kernel_name(k['name'])} x{k['calls_per_step']:.0f}", k["us_per_step"],
+              KERNEL_COLOURS[k["category"]], None) for k in rows]
+    gaps = ("gaps", gap_us, "white", "////")
+    rest = [item for item, k in zip(items, rows) if k["name"] != "_decode_kernel"] + [gaps]
+    rest_us = sum(us for _, us, _, _ in rest)
+    ax.text(9, 40, "the whole\nstep", ha="right", va="center", fontsize=8, fontweight="bold")
+    lane(37, 6, items + [gaps], step_us, 1000, 1000)
+    x_split = 10 + 106 * (step_us - rest_us) / step_us
+    ax.plot([x_split, x_split, 116, 116], [36.3, 35.3, 35.3, 36.3], color=INK, lw=0.8)
+    ax.text(116, 33.6, f"magnified below: the {rest_us:,.0f} us of the step that are not decode attention",
+            ha="right", va="center", fontsize=7, color=NOTE, style="italic")
+    ax.text(9, 24, "all but\ndecode\nattention,\nmagnified", ha="right", va="center", fontsize=8,
+            fontweight="bold")
+    lane(18, 12, rest, rest_us, 150, 40)
+    x, spans = 10.0, {}  # where each part's kernels sit in the magnified lane
+    for (_, us, _, _), k in zip(rest, [k for k in rows if k["name"] != "_decode_kernel"] + [None]):
+        part = k["part"] if k else "gaps"
+        spans.setdefault(part, [x, x])[1] = x + 106 * us / rest_us
+        x += 106 * us / rest_us
+    for part, (a, b) in spans.items():
+        ax.plot([a + 0.2, a + 0.2, b - 0.2, b - 0.2], [16.6, 16, 16, 16.6], color=INK, lw=0.8)
+        ax.text((a + b) / 2, 14.8, part, ha="center", va="top", fontsize=7.5)
+    by_cat = record["by_category_us_per_step"]
+    for i, cat in enumerate(cats):
+        x = 10 + i * 21.5
+        ax.add_patch(Rectangle((x, 6.5), 2.2, 2.2, fc=KERNEL_COLOURS[cat], ec="#555555", lw=0.5))
+        ax.text(x + 3, 7.6, f"{cat}: {by_cat[cat]:,.0f} us ({by_cat[cat] / step_us:.1%})", va="center", fontsize=7.5)
+    ax.add_patch(Rectangle((10, 2.5), 2.2, 2.2, fc="white", ec="#555555", lw=0.5, hatch="////"))
+    ax.text(13, 3.6, f"gaps between kernels: {gap_us:,.0f} us ({gap_us / step_us:.1%}). Shares are of the whole "
+                     f"step's {step_us:,.0f} us. The record sums each kernel's launches over a step,\nso within a "
+                     "part the order is by category, not launch order; the record holds no floor.", va="center",
+            fontsize=7.2, linespacing=1.3)
+    return fig
+
+
 DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawing, the lesson that shows it)
     "course_map": (course_map, "00_setup"),
     "bpe_merge_tree": (bpe_merge_tree, "01_tokenizer"),
@@ -1295,6 +1378,7 @@ DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawi
     "detokenizer_offsets": (detokenizer_offsets, "10_request_features"),
     "server_sequence": (server_sequence, "23_openai_server"),
     "logits_row": (logits_row, "09_logit_processors"),
+    "decode_step_kernels": (decode_step_kernels, "20_profiling_a_decode_step"),
 }
 
 
