@@ -1353,6 +1353,55 @@ def decode_step_kernels() -> Figure:
     return fig
 
 
+# --- 10: the blocks of an n = 3 fork ---------------------------------------------------------------------
+
+def fork_blocks() -> Figure:
+    """n = 3 completions of one 10-token prompt (block_size 4): the parent's two full blocks shared by all three
+    (ref_count 3), its partial last block copied once for each fork, each completion's first token in its own block."""
+    block_size, prompt = 4, 10
+    seqs = [("parent", [0, 1, 2]), ("fork 1", [0, 1, 3]), ("fork 2", [0, 1, 4])]  # name, block_table
+    fig, ax = canvas(12, 5.4, 120, 54)
+    title(ax, 60, 52, "n = 3: three completions of one prompt share its full blocks",
+          f"a 10-token prompt, block_size = {block_size}: BlockManager.fork(parent, child, num_tokens=10) for each "
+          "other completion")
+    own = [BLUE, ORANGE, PURPLE]
+    for row, (name, table) in enumerate(seqs):
+        y = 38 - row * 10
+        ax.text(1, y + 1.6, name, fontsize=9, fontweight="bold", va="center")
+        for t in range(len(table) * block_size):
+            x = 9 + t * 3 + (t // block_size) * 0.8
+            if t < prompt:
+                box(ax, x, y, 3, 3.2, str(t), fc=GREEN if t < 8 else own[row], size=7)
+            elif t == prompt:
+                box(ax, x, y, 3, 3.2, "10", fc=own[row], size=7, weight="bold")
+            else:
+                box(ax, x, y, 3, 3.2, "", fc="white", size=7, ls=":")
+        ax.text(54, y + 4.6, "block_table", fontsize=7.5, family="monospace", va="center")
+        for j, block_id in enumerate(table):
+            box(ax, 54 + j * 4, y, 4, 3.2, str(block_id), fc=GREEN if j < 2 else own[row], size=8, weight="bold")
+    ax.text(9, 14, "prompt tokens 0-7: two full blocks, computed once (green); 8-9: the partial block, one copy\n"
+                   "each; token 10: each completion's own draw (seed + i) from the parent's last logits row",
+            fontsize=7, color=NOTE, va="center", linespacing=1.3)
+    ax.text(98.5, 44.5, "the block pool", ha="center", fontsize=9, fontweight="bold")
+    pool = {0: ("block 0\nref_count 3", GREEN), 1: ("block 1\nref_count 3", GREEN), 2: ("block 2\nparent's\nref 1", BLUE),
+            3: ("block 3\nfork 1's\nref 1", ORANGE), 4: ("block 4\nfork 2's\nref 1", PURPLE)}
+    xy = {b: (82 + (b % 4) * 8.6, 35 - (b // 4) * 9.5) for b in range(8)}
+    for b, (x, y) in xy.items():
+        text, fc = pool.get(b, (f"block {b}\nfree", GREY))
+        box(ax, x, y, 7.8, 7, text, fc=fc, size=6.6)
+    for b in (3, 4):  # the (source, destination) pairs fork returns: the runner copies their keys and values
+        (x0, y0), (x1, y1) = xy[2], xy[b]
+        arrow(ax, (x0 + 3.9, y0), (x1 + 3.9, y1 + 7), color=RED, lw=1.3, rad=0.3 if b == 3 else -0.3)
+    ax.text(99, 23, "fork returns (2, 3) and (2, 4): the runner\ncopies block 2's keys and values into each",
+            ha="center", va="top", fontsize=7, color=RED, style="italic", linespacing=1.3)
+    ax.text(1, 7.5, "Each fork: full = 10 // 4 = 2 blocks shared (one more reference each, so ref_count 3), the "
+                    "partly filled block copied into a free block of its own,\nwhich it goes on filling with its own "
+                    "tokens. 5 blocks hold the three completions, against 9 for three separate requests; a block "
+                    "goes back\nto the pool only when its ref_count reaches 0, after all three have finished.",
+            fontsize=7.8, va="top", color=NOTE, linespacing=1.4)
+    return fig
+
+
 DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawing, the lesson that shows it)
     "course_map": (course_map, "00_setup"),
     "bpe_merge_tree": (bpe_merge_tree, "01_tokenizer"),
@@ -1379,6 +1428,7 @@ DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawi
     "server_sequence": (server_sequence, "23_openai_server"),
     "logits_row": (logits_row, "09_logit_processors"),
     "decode_step_kernels": (decode_step_kernels, "20_profiling_a_decode_step"),
+    "fork_blocks": (fork_blocks, "10_request_features"),
 }
 
 
