@@ -2,6 +2,7 @@
 
     python scripts/make_figures.py                  # all of them
     python scripts/make_figures.py trace_tiny_cpu   # only the named ones
+    python scripts/make_figures.py logits_row       # one diagram of scripts/diagrams.py, by its name
 
 - trace_tiny_cpu: runs the small-cache workload of notebook 11 on the shipped tiny model (CPU, greedy,
   deterministic) and writes figures/trace_tiny_cpu.json (the trace, without wall times) and .png.
@@ -100,13 +101,15 @@ MAKERS: dict[str, Callable[[], list[Path]]] = {"trace_tiny_cpu": trace_tiny_cpu,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", metavar="NAME", help=f"figures to redraw (default: all): {', '.join(MAKERS)}")
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"figures to redraw (default: all): {', '.join(MAKERS)}, or one diagram's name")
     args = parser.parse_args(argv)
-    unknown = [n for n in args.names if n not in MAKERS]
+    unknown = [n for n in args.names if n not in MAKERS and n not in DIAGRAMS]
     if unknown:
-        parser.error(f"unknown figure {unknown[0]!r}; known: {', '.join(MAKERS)}")
+        parser.error(f"unknown figure {unknown[0]!r}; known: {', '.join(MAKERS)} and the diagrams {', '.join(DIAGRAMS)}")
     for name in args.names or MAKERS:
-        for path in MAKERS[name]():
+        paths = MAKERS[name]() if name in MAKERS else [draw(name, FIGURES / "diagrams")]
+        for path in paths:
             print(f"wrote {path.relative_to(FIGURES.parent)}")
     return 0
 
