@@ -7,10 +7,37 @@ tests/nbval_sanitize.cfg`, so a plain `pytest` still checks every notebook cell;
 notebooks are not collected and the header says so. `-o addopts=""` (scripts/gpu_suite.sh,
 scripts/browser_test.sh) or `-p no:nbval` leaves the notebooks out, as before; nbval flags given on the
 command line still win.
+
+nbval applies one sanitizer file to every cell. Here that file (tests/nbval_sanitize.cfg) masks only memory
+addresses and temporary paths, so every stored number is compared; tests/nbval_timing.cfg (rates, durations) is
+applied only to the cells marked as machine-dependent timings: the cell tag `timing`, or a first line that is a
+comment naming it (`# timing: ...`).
 """
 import importlib.util
+import re
+
+from tests.nbval_cells import TIMING_CFG, is_timing_cell
 
 SANITIZE = "tests/nbval_sanitize.cfg"
+
+
+def _sanitize_timing_cells(config) -> None:
+    """Wrap nbval's per-cell sanitizer: the timing patterns apply to timing cells only."""
+    from nbval import plugin
+    patterns = plugin.get_sanitize_patterns(TIMING_CFG.read_text())
+    base = plugin.IPyNbCell.sanitize
+    if getattr(base, "timing_aware", False):
+        return
+
+    def sanitize(self, s):
+        s = base(self, s)
+        if isinstance(s, str) and is_timing_cell(self.cell):
+            for regex, replace in patterns:
+                s = re.sub(regex, replace, s)
+        return s
+
+    sanitize.timing_aware = True
+    plugin.IPyNbCell.sanitize = sanitize
 
 
 def pytest_addoption(parser):
@@ -24,7 +51,10 @@ def nbval_active(config) -> bool:
 
 
 def pytest_configure(config):
-    if not config.getoption("notebooks") or not nbval_active(config):
+    if not nbval_active(config):
+        return
+    _sanitize_timing_cells(config)  # however nbval was asked for (--notebooks, --nbval, --nbval-lax)
+    if not config.getoption("notebooks"):
         return
     opt = config.option
     if not (opt.nbval or opt.nbval_lax):  # --nbval-lax given on the command line stays lax

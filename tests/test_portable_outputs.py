@@ -1,7 +1,8 @@
 """Stored notebook outputs are portable: a learner's fresh run prints the same text.
 
 nbval (`pytest notebooks/`) compares every cell's stored output with a fresh run, after the sanitizers
-in tests/nbval_sanitize.cfg (addresses, rates, durations, /tmp paths). Learners run the course on other
+in tests/nbval_sanitize.cfg (addresses, /tmp paths) and, in cells tagged `timing` only, tests/nbval_timing.cfg
+(rates, durations); tests/nbval_cells.py says which cells are which. Learners run the course on other
 CPUs, with 4-16 cores, on macOS, Windows or Linux, under another user name, with another torch or Python;
 a stored output that depends on any of those passes here and fails there. This test scans every stored
 output of every notebook in notebooks/ (stream text; text/plain, text/html and text/markdown of
@@ -43,8 +44,8 @@ notebook, cell index, cell id and the offending text, on:
 Rules 1-5 apply to the outputs nbval compares: a cell tagged `nbval-ignore-output` / `nbval-skip`, or
 whose source has a `# NBVAL_IGNORE_OUTPUT` / `# NBVAL_SKIP` line, is exempt (its output is this run's,
 by design), and so is an error's traceback (nbval compares its ename and evalue only); consecutive
-stream outputs are joined first, as nbval joins them. The nbval sanitizers are applied first, exactly as nbval reads tests/nbval_sanitize.cfg, so a
-value they replace (a duration such as `8.6 ms`, a rate such as `1005 tok/s`) does not count. Rules 3-5
+stream outputs are joined first, as nbval joins them. The nbval sanitizers are applied first, exactly as nbval applies them (conftest.py), so a
+value they replace in a timing cell (a duration such as `8.6 ms`, a rate such as `1005 tok/s`) does not count. Rules 3-5
 also pass a line that says it shows a stored record rather than this machine: one containing `stored`,
 `record`, `recorded`, `measured`, `corpus` or `H200` (`measured on an NVIDIA H200 (torch 2.11.0+cu130)`,
 the tiny model's training corpus `docstrings of the Python 3.11.7 standard library`).
@@ -57,25 +58,17 @@ import socket
 from pathlib import Path
 
 import pytest
+from nbval_cells import SANITIZE_CFG, TIMING_CFG, is_ignored_cell, is_timing_cell, load_sanitizers
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-SANITIZE_CFG = ROOT / "tests" / "nbval_sanitize.cfg"
-
-# ---------------------------------------------------------------- the sanitizers, as nbval reads them
-
-
-def load_sanitizers(path: Path = SANITIZE_CFG) -> list[tuple[re.Pattern, str]]:
-    """(regex, replacement) pairs, parsed the way nbval's get_sanitize_patterns parses the file."""
-    pairs = re.findall(r"^regex: (.*)$\n^replace: (.*)$", path.read_text(), flags=re.MULTILINE)
-    return [(re.compile(rx), rep) for rx, rep in pairs]
+SANITIZERS = load_sanitizers(SANITIZE_CFG)
+TIMING_SANITIZERS = load_sanitizers(TIMING_CFG)
 
 
-SANITIZERS = load_sanitizers()
-
-
-def sanitize(text: str) -> str:
-    for rx, rep in SANITIZERS:
+def sanitize(text: str, timing: bool = False) -> str:
+    """`text` as nbval compares it: every cell's sanitizers, then a timing cell's."""
+    for rx, rep in SANITIZERS + (TIMING_SANITIZERS if timing else []):
         text = rx.sub(rep, text)
     return text
 
@@ -180,10 +173,6 @@ def path_problems(line: str) -> list[str]:
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 TEXT_MIMES = ("text/plain", "text/html", "text/markdown")
-EXEMPT_TAGS = {"nbval-ignore-output", "nbval-skip"}
-EXEMPT_MARKERS = {"NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP", "PYTEST_VALIDATE_IGNORE_OUTPUT"}
-
-
 def _join(v) -> str:
     return "".join(v) if isinstance(v, list) else str(v)
 
@@ -214,20 +203,12 @@ def coalesce_streams(outputs: list[dict]) -> list[dict]:
     return merged
 
 
-def cell_is_compared(cell: dict) -> bool:
-    """Whether nbval compares this cell's outputs (no ignore-output / skip tag or comment marker)."""
-    if EXEMPT_TAGS & set(cell.get("metadata", {}).get("tags", []) or []):
-        return False
-    comments = {line.strip().lstrip("#").strip() for line in _join(cell.get("source", "")).splitlines()
-                if line.strip().startswith("#")}
-    return not (EXEMPT_MARKERS & comments)
-
-
-def scan_text(text: str, compared: bool) -> list[tuple[str, str]]:
-    """(problem, line) pairs in one output text; `compared`: nbval compares it (rules 1-5 apply)."""
+def scan_text(text: str, compared: bool, timing: bool = False) -> list[tuple[str, str]]:
+    """(problem, line) pairs in one output text; `compared`: nbval compares it (rules 1-5 apply); `timing`: a
+    timing cell's, whose rates and durations nbval masks."""
     problems = [(p, line) for line in text.splitlines() for p in path_problems(line)]
     if compared:                    # sanitized as a whole, as nbval does, then line by line
-        problems += [(p, line) for line in sanitize(text).splitlines()
+        problems += [(p, line) for line in sanitize(text, timing).splitlines()
                      for p in float_problems(line) + environment_problems(line)]
     return problems
 
@@ -238,10 +219,10 @@ def scan_notebook(nb: dict, name: str = "<notebook>") -> list[str]:
     for index, cell in enumerate(nb.get("cells", [])):
         if cell.get("cell_type") != "code":
             continue
-        compared = cell_is_compared(cell)
+        compared, timing = not is_ignored_cell(cell), is_timing_cell(cell)
         for output in coalesce_streams(cell.get("outputs", [])):
             for where, text, nbval_compares in output_texts(output):
-                for problem, line in scan_text(text, compared and nbval_compares):
+                for problem, line in scan_text(text, compared and nbval_compares, timing):
                     messages.append(f"{name} cell {index} (id {cell.get('id', '?')}), {where}: "
                                     f"{problem} in {line.strip()[:160]!r}")
     return messages
@@ -251,9 +232,10 @@ def scan_notebook(nb: dict, name: str = "<notebook>") -> list[str]:
 
 
 def test_the_sanitizers_are_read():
-    assert len(SANITIZERS) >= 4
-    assert sanitize("0x7f606382dbd0 took 8.6 ms at 1,005 tok/s in /tmp/abc") == \
-        "ADDRESS took DURATION at RATE in TMPPATH"
+    assert len(SANITIZERS) >= 2 and len(TIMING_SANITIZERS) >= 2
+    text = "0x7f606382dbd0 took 8.6 ms at 1,005 tok/s in /tmp/abc"
+    assert sanitize(text) == "ADDRESS took 8.6 ms at 1,005 tok/s in TMPPATH"   # numbers compared
+    assert sanitize(text, timing=True) == "ADDRESS took DURATION at RATE in TMPPATH"
 
 
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -305,7 +287,6 @@ GOOD = [
     "gaps: mean 0.0497, standard deviation 0.0491",
     "hash 3e8d80f4 and 1e3e6f46, id 9963129416833264760, 151,669 tokens",
     "speed-up 16.9x; 1.14x",
-    "took 48.571ms at 13822.3 tok/s",                           # sanitized: a duration, a rate
     "written to /tmp/tmpab12cd/online.json",
     "stored record from NVIDIA H200, 2026-12-01, torch 2.11.0+cu130",
     "corpus docstrings of the Python 3.11.7 standard library",
@@ -350,6 +331,13 @@ def test_cells_nbval_ignores_are_exempt_except_for_paths():
         problems = scan_notebook(_nb(out, **kwargs))
         assert len(problems) == 1 and "/home/ada" in problems[0], problems
     assert len(scan_notebook(_nb(out))) == 3
+
+
+def test_a_timing_cell_masks_its_rates_and_durations():
+    out = _stream("took 48.571ms at 13822.3 tok/s\n")
+    assert scan_notebook(_nb(out))                                        # compared exactly: 13822.3 is 6 digits
+    assert scan_notebook(_nb(out, tags=["timing"])) == []
+    assert scan_notebook(_nb(out, source="# timing: one step's wall clock\nprint(x)")) == []
 
 
 def test_stream_chunks_are_joined_as_nbval_joins_them():
