@@ -1,6 +1,6 @@
 """Every closing question of every lesson is labelled Q<NN>.<k> (lesson NN, as its file name spells it; question k, numbered from 1) and
 answered once in appendix C1 (notebooks/C1_solutions.ipynb) under a heading `### Q<NN>.<k>`; every answer
-heading belongs to a question, every lesson links to its answers, and every answer says more than a sentence."""
+heading belongs to a question, every lesson asks at least MIN_QUESTIONS, every lesson links to its answers, and every answer says more than a sentence."""
 import json
 import re
 from pathlib import Path
@@ -10,6 +10,7 @@ import pytest
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOLUTIONS = NOTEBOOKS / "C1_solutions.ipynb"
 LESSONS = sorted(p for p in NOTEBOOKS.glob("*.ipynb") if p.name[0].isdigit())
+MIN_QUESTIONS = 3  # every lesson closes with at least this many labelled questions
 LABEL = re.compile(r"^\d+\. \*\*(Q\d\d[a-z]?\.\d+)\*\* ", re.M)
 
 
@@ -53,6 +54,7 @@ def test_questions_are_labelled_and_answered(path):
     nn = path.name.split("_")[0]
     labels = questions(path)
     assert labels == [f"Q{nn}.{k}" for k in range(1, len(labels) + 1)], f"{path.name}: labels {labels}"
+    assert len(labels) >= MIN_QUESTIONS, f"{path.name}: {len(labels)} questions, at least {MIN_QUESTIONS}"
     missing = [label for label in labels if label not in ANSWERS]
     assert not missing, f"{path.name}: no answer for {missing}"
     assert f"`C1_solutions.ipynb`, Q{nn}" in path.read_text(), f"{path.name} does not link to its answers"
