@@ -40,18 +40,22 @@ class NewestTokenOnly(StopStrings):
         return stop
 
 
-class PerTokenDecode(StopStrings):
+class PerTokenDetokenizer:
     """Decodes each token on its own: right for whole characters, U+FFFD for the bytes of a split one."""
 
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
     def add(self, token):
-        start = max(0, len(self.text) - max(map(len, self.stops)) + 1)
-        self.text += self.detokenizer.tokenizer.decode([token])
-        found = [(index, stop) for stop in self.stops if (index := self.text.find(stop, start)) >= 0]
-        if not found:
-            return None
-        index, stop = min(found)
-        self.text = self.text[:index]
-        return stop
+        return self.tokenizer.decode([token])
+
+
+class PerTokenDecode(StopStrings):
+    """The course's finder over a detokenizer that decodes each token on its own."""
+
+    def __init__(self, tokenizer, stops):
+        super().__init__(tokenizer, stops)
+        self.detokenizer = PerTokenDetokenizer(tokenizer)
 
 
 class FirstInList(StopStrings):
