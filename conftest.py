@@ -14,9 +14,8 @@ applied only to the cells marked as machine-dependent timings: the cell tag `tim
 comment naming it (`# timing: ...`).
 """
 import importlib.util
-import re
 
-from tests.nbval_cells import TIMING_CFG, is_timing_cell
+from tests.nbval_cells import TIMING_CFG, is_timing_cell, load_sanitizers
 
 SANITIZE = "tests/nbval_sanitize.cfg"
 
@@ -24,7 +23,7 @@ SANITIZE = "tests/nbval_sanitize.cfg"
 def _sanitize_timing_cells(config) -> None:
     """Wrap nbval's per-cell sanitizer: the timing patterns apply to timing cells only."""
     from nbval import plugin
-    patterns = plugin.get_sanitize_patterns(TIMING_CFG.read_text())
+    patterns = load_sanitizers(TIMING_CFG)
     base = plugin.IPyNbCell.sanitize
     if getattr(base, "timing_aware", False):
         return
@@ -33,7 +32,7 @@ def _sanitize_timing_cells(config) -> None:
         s = base(self, s)
         if isinstance(s, str) and is_timing_cell(self.cell):
             for regex, replace in patterns:
-                s = re.sub(regex, replace, s)
+                s = regex.sub(replace, s)
         return s
 
     sanitize.timing_aware = True
