@@ -170,6 +170,20 @@ BAD_REQUESTS = [  # (path, raw body, the param the error names)
     ("/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
     ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": -1}, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": MESSAGES, "chat_template_kwargs": "x"}, "chat_template_kwargs"),
+    # what vLLM refuses and this server once let pass
+    ("/v1/completions", {"prompt": "a", "stream": True, "stream_options": {"include_usage": True, "usage": 1}},
+     "stream_options.usage"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "tool_choice": {"type": "function",
+                                                                     "function": {"name": "f"}}}, "tool_choice"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "tools": [{"type": "function"}]}, "tools"),
+    ("/v1/chat/completions", {"messages": MESSAGES + [{"role": "assistant", "content": "def"}],
+                              "continue_final_message": True}, "continue_final_message"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "continue_final_message": True,
+                              "add_generation_prompt": False}, "messages"),
+    ("/tokenize", {"messages": MESSAGES, "continue_final_message": True, "add_generation_prompt": False},
+     "messages"),
+    ("/v1/completions", {"prompt": "a", "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
 ]
 
 
@@ -295,3 +309,45 @@ def test_openai_sdk_sends_a_batch_with_echo(served, client):
     assert choices[0].text.startswith(PROMPT) and choices[1].text.startswith("Create a")
     assert all(c.logprobs.token_logprobs[0] is None and None not in c.logprobs.token_logprobs[1:] for c in choices)
     assert reply.usage.completion_tokens == 6
+
+
+def test_continuous_usage_stats_count_every_chunk(client):
+    """vLLM's stream_options.continuous_usage_stats (guidellm sends it): every chunk carries its prompt's tokens and
+    its choice's tokens so far; the last chunk, with no choices, the totals."""
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, n=2, stream=True, extra_body=EXTRA,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    *choices, last = chunks
+    assert last.choices == [] and last.usage.completion_tokens == 12 and last.usage.prompt_tokens == 2
+    sent = {0: 0, 1: 0}
+    for chunk in choices:
+        assert chunk.usage is not None and chunk.usage.prompt_tokens == 2
+        index = chunk.choices[0].index
+        assert chunk.usage.completion_tokens >= sent[index]  # counts only grow, per choice
+        sent[index] = chunk.usage.completion_tokens
+        assert chunk.usage.total_tokens == 2 + sent[index]
+    assert sent == {0: 6, 1: 6}
+    plain = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}))
+    assert all(chunk.usage is None for chunk in plain[:-1]) and plain[-1].usage.completion_tokens == 3
+
+
+def test_chat_continues_the_final_message_and_skips_the_generation_prompt(served, client):
+    """continue_final_message leaves the assistant's last message open (its text is continued, with no end-of-turn
+    token after it); add_generation_prompt=false renders no assistant opening: both on /tokenize and on the chat
+    route, whose reply equals the engine's greedy completion of the same ids."""
+    llm, server = served
+    partial = MESSAGES + [{"role": "assistant", "content": "def add"}]
+    body = {"model": MODEL, "messages": partial, "continue_final_message": True, "add_generation_prompt": False}
+    ids = httpx.post(server.url + "/tokenize", json=body).json()["tokens"]
+    text = llm.tokenizer.decode(ids)
+    assert text.endswith("<|im_start|>assistant\ndef add"), text
+    reply = client.chat.completions.create(model=MODEL, messages=partial, max_tokens=5, temperature=0,
+                                           extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    [expected] = llm.generate([ids], SamplingParams(temperature=0, max_tokens=5), use_tqdm=False)
+    assert reply.choices[0].message.content == expected["text"]
+    no_opening = httpx.post(server.url + "/tokenize", json={"model": MODEL, "messages": MESSAGES,
+                                                            "add_generation_prompt": False}).json()["tokens"]
+    assert not llm.tokenizer.decode(no_opening).endswith("<|im_start|>assistant\n")
+    assert httpx.post(server.url + "/tokenize", json={"model": MODEL, "messages": MESSAGES}).json()["count"] > len(
+        no_opening)

@@ -57,7 +57,8 @@ def submit(engine: OnlineLLM, request: OpenAIRequest, served_model_name: str) ->
     check_model(request.model, served_model_name)
     request.model, config = served_model_name, engine.config
     prompts = request.prompt if request.kind == "completion" else [
-        chat_prompt_ids(engine.tokenizer, request.prompt, request.chat_template_kwargs)]
+        chat_prompt_ids(engine.tokenizer, request.prompt, request.chat_template_kwargs, request.add_generation_prompt,
+                        request.continue_final_message)]
     room, seqs = min(config.max_model_len, engine.block_manager.num_blocks * config.kvcache_block_size), []
     for i, prompt in enumerate(prompts):
         params = sampling_params(request, max(room - len(prompt), 1))  # completions always carry max_tokens

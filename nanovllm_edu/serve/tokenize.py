@@ -7,7 +7,7 @@ __all__ = ['tokenizer_fields', 'tokenize_body', 'detokenize_body']
 import json
 
 from ..config import is_int
-from .protocol import chat_messages, chat_prompt_ids, check_model, read_fields, refuse
+from .protocol import chat_messages, chat_prompt_ids, chat_turn, check_model, read_fields, refuse
 
 
 def tokenizer_fields(body, route: str, tokenizer, served_model_name: str) -> dict:
@@ -26,8 +26,8 @@ def tokenize_body(body, tokenizer, served_model_name: str, max_model_len: int) -
     if (fields["prompt"] is None) == (fields["messages"] is None):
         raise refuse("prompt_or_messages")
     if fields["messages"] is not None:
-        ids = chat_prompt_ids(tokenizer, chat_messages(fields["messages"]), fields["chat_template_kwargs"] or {},
-                              fields["add_generation_prompt"] is not False)
+        messages = chat_messages(fields["messages"])
+        ids = chat_prompt_ids(tokenizer, messages, fields["chat_template_kwargs"] or {}, *chat_turn(fields, messages))
     else:
         ids = tokenizer.encode(fields["prompt"], add_special_tokens=fields["add_special_tokens"] is not False)
     strs = tokenizer.convert_ids_to_tokens(ids) if fields["return_token_strs"] else None
