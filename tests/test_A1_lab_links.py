@@ -1,4 +1,4 @@
-"""Every lesson (01-23) names the appendix-A1 lab that goes with it, as a markdown link to a lab section of
+"""Every lesson (01-24) names the appendix-A1 lab that goes with it, as a markdown link to a lab section of
 A1_labs.ipynb (`A1_labs.ipynb#lab-...`), and every link lands on an anchor A1 defines."""
 import json
 import re
@@ -28,8 +28,8 @@ def test_a1_anchors_are_unique_and_each_heads_a_lab():
     assert {"lab-prepare-prefill", "lab-reading-a-profile"} <= set(anchors)
 
 
-def test_the_lessons_are_01_to_23():
-    assert [p.name[:2] for p in LESSONS] == [f"{n:02d}" for n in range(1, 24)]
+def test_the_lessons_are_01_to_24():
+    assert [p.name[:2] for p in LESSONS] == [f"{n:02d}" for n in range(1, 25)]
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=[p.name[:2] for p in LESSONS])
