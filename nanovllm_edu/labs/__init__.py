@@ -4,7 +4,8 @@
 __all__ = ['CHECKERS', 'Check', 'LabReport', 'run_checks', 'check_store_kvcache', 'check_block_manager', 'check_prefix_cache',
            'check_scheduler', 'check_sampler', 'check_penalties', 'check_attention_backend', 'check_decode_attention',
            'check_skinny_gemm', 'check_rms_norm', 'check_async_scheduling', 'check_graph_replay', 'check_tp_shards',
-           'check_stop_strings', 'check_sse_stream', 'check_prepare_prefill', 'check_profile_floors']
+           'check_stop_strings', 'check_sse_stream', 'check_prepare_prefill', 'check_profile_floors',
+           'check_histogram_quantile']
 
 # %% ../../notebooks/A1_labs.ipynb #8d6ca62f
 """Lab checkers for each stage of the engine, and the student edition of the course (`make-student`). A checker's
@@ -21,12 +22,13 @@ _MODULES = {"Check": "report", "LabReport": "report", "run_checks": "report",
             "check_skinny_gemm": "gemm_checks", "check_rms_norm": "norm_checks",
             "check_async_scheduling": "async_checks", "check_graph_replay": "graph_checks",
             "check_tp_shards": "tp_checks", "check_stop_strings": "stop_checks", "check_sse_stream": "sse_checks",
-            "check_prepare_prefill": "prefill_checks", "check_profile_floors": "profile_checks"}
+            "check_prepare_prefill": "prefill_checks", "check_profile_floors": "profile_checks",
+            "check_histogram_quantile": "metrics_checks"}
 _all_ = ["Check", "LabReport", "run_checks", "check_store_kvcache", "check_block_manager", "check_prefix_cache",
          "check_scheduler", "check_sampler", "check_penalties", "check_attention_backend", "check_decode_attention",
          "check_skinny_gemm", "check_rms_norm", "check_async_scheduling", "check_graph_replay", "check_tp_shards",
          "check_stop_strings", "check_sse_stream", "check_prepare_prefill",
-         "check_profile_floors"]  # nbdev adds these to __all__
+         "check_profile_floors", "check_histogram_quantile"]  # nbdev adds these to __all__
 
 CHECKERS = {  # tag name -> (the checker's name, the object a solution cell defines for it by default)
     "store_kvcache": ("check_store_kvcache", "store_kvcache_torch"),
