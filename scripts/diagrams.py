@@ -1402,6 +1402,39 @@ def fork_blocks() -> Figure:
     return fig
 
 
+def request_intervals_timeline() -> Figure:
+    """One request's RequestMetrics marks on a line, and the interval each of vLLM's latency histograms takes of
+    it (serve/metrics.py `request_intervals`, and the observer's TTFT and inter-token gaps)."""
+    fig, ax = canvas(12, 5.0, 120, 50, ymin=-2)
+    title(ax, 60, 48, "Where each latency histogram lies on one request's life",
+          "the marks are seq.metrics (RequestMetrics); vllm:... names without the _seconds suffix; times illustrative")
+    marks = [(12, "arrival_time"), (30, "first_scheduled_time"), (52, "first_token_time"),
+             (96, "last_token_time"), (108, "finished_time")]
+    y0 = 36
+    ax.hlines([y0], 8, 114, color=INK, lw=1.2)
+    for x, name in marks:
+        ax.vlines([x], y0 - 1.2, y0 + 1.2, color=INK, lw=1.5)
+        ax.text(x, y0 + 2.2, name, ha="center", va="bottom", fontsize=7.5, family="monospace")
+    for x in (52, 63, 74, 85, 96):  # token arrivals: ids known once a step completes
+        ax.plot([x], [y0], marker="o", ms=4, color=RED)
+    ax.text(74, y0 - 2.6, "tokens arrive (one per decode step)", ha="center", fontsize=7, color=RED, va="top")
+    bars = [("request_queue_time", 12, 30, GREY, "WAITING"), ("request_prefill_time", 30, 52, BLUE, "PREFILL"),
+            ("request_decode_time", 52, 96, ORANGE,
+             "DECODE; over (tokens - 1):\nrequest_time_per_output_token"), ("request_inference_time", 30, 96, GREEN, "RUNNING"),
+            ("time_to_first_token", 12, 52, PURPLE, "observed at the first token"),
+            ("e2e_request_latency", 12, 108, GREY, "arrival to finish")]
+    for row, (name, x0, x1, colour, note) in enumerate(bars):
+        y = 27 - row * 4.2
+        box(ax, x0, y, x1 - x0, 3.0, name, fc=colour, size=7)
+        ax.text(x1 + 1, y + 1.5, note, fontsize=6.5, va="center", color=NOTE, style="italic")
+    y = 27 - len(bars) * 4.2
+    for x0, x1 in ((52, 63), (63, 74), (74, 85), (85, 96)):
+        box(ax, x0 + 0.3, y, x1 - x0 - 0.6, 3.0, "", fc=RED, ec=RED, alpha=0.35)
+    ax.text(97, y + 1.5, "inter_token_latency: one observation per gap", fontsize=6.5, va="center", color=NOTE,
+            style="italic")
+    return fig
+
+
 DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawing, the lesson that shows it)
     "course_map": (course_map, "00_setup"),
     "bpe_merge_tree": (bpe_merge_tree, "01_tokenizer"),
@@ -1429,6 +1462,7 @@ DIAGRAMS: dict[str, tuple[Callable[[], Figure], str]] = {  # file name -> (drawi
     "logits_row": (logits_row, "09_logit_processors"),
     "decode_step_kernels": (decode_step_kernels, "20_profiling_a_decode_step"),
     "fork_blocks": (fork_blocks, "10_request_features"),
+    "request_intervals_timeline": (request_intervals_timeline, "24_deployment"),
 }
 
 
