@@ -52,7 +52,8 @@ class StepResult(NamedTuple):
 
 # %% ../../notebooks/08_engine_core.ipynb #features-code
 REQUEST_FEATURES = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logprobs",
-                    "prompt_logprobs", "n", "stop", "stop_token_ids")  # SamplingParams beyond the draw
+                    "prompt_logprobs", "n", "stop", "stop_token_ids", "min_tokens", "include_stop_str_in_output",
+                    "skip_special_tokens", "spaces_between_special_tokens")  # SamplingParams beyond the draw
 
 
 def requested_features(params: SamplingParams, names: tuple[str, ...] = REQUEST_FEATURES) -> list[str]:
