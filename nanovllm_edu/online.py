@@ -66,8 +66,9 @@ class RequestStream:
                              else None for _ in range(params.n)]  # decoding as the result does (notebook 10)
         self.shown = [""] * params.n  # text handed out so far, per completion
         # a stream never shows what may turn out to be the start of a stop string (the result cuts it off),
-        # unless the result keeps the string (include_stop_str_in_output): then nothing is held back, as in vLLM
-        self.held_chars = 0 if params.include_stop_str_in_output else max(map(len, params.stop), default=1) - 1
+        # unless the result keeps it (include_stop_str_in_output): nothing is held back then, as in vLLM
+        longest = 0 if params.include_stop_str_in_output else max(map(len, params.stop), default=0)
+        self.held_chars = max(longest - 1, 0)
         self.waker: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     def put(self, item: RequestOutput | BaseException) -> None:
