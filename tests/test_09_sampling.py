@@ -200,7 +200,7 @@ def test_min_tokens_pushes_greedy_past_its_eos_as_transformers_with_the_eos_mask
     # transformers' own rule (min_new_tokens) agrees on the prompt that stops early
     with torch.no_grad():
         ref = hf.generate(torch.tensor([prompts[early[0]]]), do_sample=False, max_new_tokens=20, min_new_tokens=10,
-                          eos_token_id=sorted(eos), pad_token_id=sorted(eos)[0])[0, len(prompts[early[0]]):].tolist()
+                          eos_token_id=sorted(eos), pad_token_id=min(eos))[0, len(prompts[early[0]]):].tolist()
     assert outs[early[0]]["token_ids"] == ref[:len(outs[early[0]]["token_ids"])]
 
 
@@ -288,7 +288,7 @@ def test_the_sampler_is_handed_the_masked_logits_and_logprobs_the_raw_ones():
 
     sampling = SamplingInputs(torch.zeros(2), all_greedy=True, stop_mask=(torch.tensor([0, 0]), torch.tensor([0, 3])),
                               logprob_rows=torch.tensor([0]), logprob_k=1)
-    tokens, (rows, picked, top_ids, _) = sample_with_features(draw, logits, sampling, TokenCounts(4, torch.device("cpu")))
+    tokens, (_, _, top_ids, _) = sample_with_features(draw, logits, sampling, TokenCounts(4, torch.device("cpu")))
     assert tokens.tolist() == [1, 0] and seen[0][0].tolist() == [float("-inf"), 1.0, 0.0, float("-inf")]
     assert logits[0, 0] == 5.0 and top_ids.tolist() == [[0]]  # the caller's logits untouched; logprobs raw
 
