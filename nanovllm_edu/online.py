@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from .llm import LLM
 from .sampling_params import SamplingParams
-from .engine.completion import IncrementalDetokenizer
+from .engine.completion import IncrementalDetokenizer, text_args
 from .engine.llm_engine import InflightStep
 from .engine.sequence import Sequence, num_pending_tokens
 
@@ -61,11 +61,14 @@ class RequestStream:
         self.outputs: queue.SimpleQueue = queue.SimpleQueue()
         self.final: dict | None = None
         self.error: BaseException | None = None
-        n, tokenizer = seq.sampling_params.n, engine.tokenizer
-        self.detokenizers = [IncrementalDetokenizer(tokenizer) if tokenizer is not None else None for _ in range(n)]
-        self.shown = [""] * n  # text handed out so far, per completion
-        # a stream never shows what may turn out to be the start of a stop string (the result cuts it off)
-        self.held_chars = max(map(len, seq.sampling_params.stop), default=1) - 1
+        params, tokenizer = seq.sampling_params, engine.tokenizer
+        self.detokenizers = [IncrementalDetokenizer(tokenizer, **text_args(params)) if tokenizer is not None
+                             else None for _ in range(params.n)]  # decoding as the result does (notebook 10)
+        self.shown = [""] * params.n  # text handed out so far, per completion
+        # a stream never shows what may turn out to be the start of a stop string (the result cuts it off),
+        # unless the result keeps it (include_stop_str_in_output): nothing is held back then, as in vLLM
+        longest = 0 if params.include_stop_str_in_output else max(map(len, params.stop), default=0)
+        self.held_chars = max(longest - 1, 0)
         self.waker: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     def put(self, item: RequestOutput | BaseException) -> None:

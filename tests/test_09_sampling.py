@@ -165,3 +165,154 @@ def test_penalties_and_logprobs_on_a_random_checkpoint(tmp_path):
         for i, top in enumerate(out["logprobs"]):
             reference = torch.log_softmax(hf_logits(hf, prompt + out["token_ids"][:i]), -1)
             assert all(abs(lp - reference[t].item()) < 2e-3 for t, lp in top.items())
+
+
+# --- min_tokens: the stop tokens masked before the draw ----------------------------------------------------
+
+def reference_min_tokens_greedy(hf, prompt: list[int], steps: int, min_tokens: int, stops: set[int]) -> list[int]:
+    """Greedy on transformers' logits, every id of `stops` at -inf while the output is shorter than min_tokens
+    (vLLM's MinTokensLogitsProcessor); the output ends at its first stop, as the engine's does."""
+    out = []
+    while len(out) < steps:
+        logits = hf_logits(hf, prompt + out).clone()
+        if len(out) < min_tokens:
+            logits[sorted(stops)] = float("-inf")
+        out.append(int(logits.argmax()))
+        if out[-1] in stops:
+            break
+    return out
+
+
+def test_min_tokens_pushes_greedy_past_its_eos_as_transformers_with_the_eos_masked(llm, hf):
+    prompts = [llm.tokenizer.encode(p) for p in PROMPTS]
+    eos = set(llm.config.eos)
+    plain = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
+    early = [i for i, out in enumerate(plain) if out["finish_reason"] == "stop" and len(out["token_ids"]) < 10]
+    assert early, "no prompt ends at its EOS before 10 tokens: the test would show nothing"
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, min_tokens=10), use_tqdm=False)
+    for prompt, out, base in zip(prompts, outs, plain):
+        assert not eos & set(out["token_ids"][:10])
+        assert out["token_ids"] == reference_min_tokens_greedy(hf, prompt, 20, 10, eos)
+        k = len(base["token_ids"]) - 1  # the tokens before the plain run's EOS are the same
+        assert out["token_ids"][:min(k, 10)] == base["token_ids"][:min(k, 10)]
+    for i in early:
+        assert len(outs[i]["token_ids"]) > 10 and outs[i]["token_ids"] != plain[i]["token_ids"]
+    # transformers' own rule (min_new_tokens) agrees on the prompt that stops early
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompts[early[0]]]), do_sample=False, max_new_tokens=20, min_new_tokens=10,
+                          eos_token_id=sorted(eos), pad_token_id=min(eos))[0, len(prompts[early[0]]):].tolist()
+    assert outs[early[0]]["token_ids"] == ref[:len(outs[early[0]]["token_ids"])]
+
+
+def test_min_tokens_masks_stop_token_ids_and_leaves_eos_to_ignore_eos(llm, hf):
+    prompt = llm.tokenizer.encode(PROMPTS[2])
+    ref = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)[0]
+    stop_id = ref["token_ids"][2]  # the third token would stop the request
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, min_tokens=6,
+                                                stop_token_ids=[stop_id]), use_tqdm=False)[0]
+    assert stop_id not in out["token_ids"][:6]
+    assert out["token_ids"] == reference_min_tokens_greedy(hf, prompt, 12, 6, {stop_id})
+    # with ignore_eos the EOS is no stop, so min_tokens leaves it alone: the run is the plain ignore_eos run
+    kept = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, min_tokens=12),
+                        use_tqdm=False)[0]
+    assert kept["token_ids"] == ref["token_ids"] and set(llm.config.eos) & set(ref["token_ids"])
+    assert not llm.model_runner.token_counts.row_of
+
+
+def test_min_tokens_leaves_logprobs_to_the_raw_distribution(llm):
+    prompt = llm.tokenizer.encode(PROMPTS[2])
+    plain = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, logprobs=1), use_tqdm=False)[0]
+    eos_at = len(plain["token_ids"]) - 1
+    held = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, logprobs=1, min_tokens=10),
+                        use_tqdm=False)[0]
+    eos = plain["token_ids"][eos_at]
+    assert eos in llm.config.eos and held["token_ids"][eos_at] != eos
+    assert eos in held["logprobs"][eos_at]  # the EOS is still the most likely token of the raw row
+    assert held["logprobs"][eos_at][eos] == pytest.approx(plain["logprobs"][eos_at][eos], abs=1e-4)
+
+
+PARITY_PATHS = {"async": dict(async_scheduling=True), "sync": dict(async_scheduling=False),
+                "chunked": dict(max_num_batched_tokens=16, long_prefill_token_threshold=5),
+                "preempted": dict(num_kvcache_blocks=5, max_num_seqs=8),
+                "no prefix cache": dict(enable_prefix_caching=False)}
+
+
+def test_min_tokens_is_the_same_on_every_path(hf):
+    prompts = [PROMPTS[2], "Raise ValueError if the value is negative. " * 3 + PROMPTS[2], PROMPTS[0]] * 2
+    params = [SamplingParams(temperature=0, max_tokens=24, min_tokens=m) for m in (10, 18, 5, 24, 0, 12)]
+    results = {}
+    for name, args in PARITY_PATHS.items():
+        engine = LLM(tiny_model_path(), **(SMALL | args))
+        ids = [engine.tokenizer.encode(p) for p in prompts]
+        results[name] = [o["token_ids"] for o in engine.generate(ids, params, use_tqdm=False)]
+        if name == "preempted":
+            assert engine.scheduler.num_preemptions > 0
+        if name == "async":  # again, the prompts now in the prefix cache
+            again = engine.generate(ids, params, use_tqdm=False)
+            assert [o["token_ids"] for o in again] == results[name] and any(o["num_cached_tokens"] for o in again)
+    first = next(iter(results.values()))
+    assert all(r == first for r in results.values()), results
+    eos = set(engine.config.eos)
+    assert first[:3] == [reference_min_tokens_greedy(hf, p, 24, sp.min_tokens, eos) for p, sp in zip(ids[:3], params)]
+
+
+def test_min_tokens_counts_placeholders_and_masks_only_short_rows():
+    from nanovllm_edu.engine.sequence import Sequence, append_placeholder
+    from nanovllm_edu.layers.sampler import SamplingInputs
+    from nanovllm_edu.layers.sampling_features import TokenCounts, add_request_inputs
+
+    cpu, counts = torch.device("cpu"), TokenCounts(16, torch.device("cpu"))
+    plain = SamplingInputs(torch.zeros(3))
+    seqs = [Sequence([1, 2], SamplingParams(temperature=0), 16) for _ in range(3)]
+    assert add_request_inputs(plain, seqs, counts, cpu, (7,)) is plain and plain.stop_mask is None  # nothing asked
+    short = Sequence([1, 2], SamplingParams(min_tokens=2, stop_token_ids=[3]), 16)
+    done = Sequence([1, 2], SamplingParams(min_tokens=1, ignore_eos=True, stop_token_ids=[5]), 16)
+    append_placeholder(short)  # a token planned but not known yet counts: 1 < 2, still short
+    append_placeholder(done)  # 1 >= 1: past its min_tokens
+    asked = add_request_inputs(SamplingInputs(torch.zeros(3)), [seqs[0], short, done], counts, cpu, (7, 3))
+    assert [t.tolist() for t in asked.stop_mask] == [[1, 1], [3, 7]]
+    append_placeholder(short)
+    assert add_request_inputs(SamplingInputs(torch.zeros(1)), [short], counts, cpu, (7,)).stop_mask is None
+
+
+def test_the_sampler_is_handed_the_masked_logits_and_logprobs_the_raw_ones():
+    from nanovllm_edu.layers.sampler import SamplingInputs
+    from nanovllm_edu.layers.sampling_features import TokenCounts, sample_with_features
+
+    logits = torch.tensor([[5.0, 1.0, 0.0, 2.0], [5.0, 1.0, 0.0, 2.0]])
+    seen = []
+
+    def draw(masked, *args):
+        seen.append(masked)
+        return masked.argmax(-1)
+
+    sampling = SamplingInputs(torch.zeros(2), all_greedy=True, stop_mask=(torch.tensor([0, 0]), torch.tensor([0, 3])),
+                              logprob_rows=torch.tensor([0]), logprob_k=1)
+    tokens, (_, _, top_ids, _) = sample_with_features(draw, logits, sampling, TokenCounts(4, torch.device("cpu")))
+    assert tokens.tolist() == [1, 0] and seen[0][0].tolist() == [float("-inf"), 1.0, 0.0, float("-inf")]
+    assert logits[0, 0] == 5.0 and top_ids.tolist() == [[0]]  # the caller's logits untouched; logprobs raw
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton sampler runs on a GPU")
+def test_min_tokens_on_the_gpu_with_the_triton_sampler_and_cuda_graphs():
+    gpu = LLM(tiny_model_path(), device="cuda", **SMALL)
+    assert type(gpu.model_runner.sampler).__name__ == "TritonSampler"
+    cpu = LLM(tiny_model_path(), device="cpu", **SMALL)
+    params = [SamplingParams(temperature=0, max_tokens=20, min_tokens=10),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=20, min_tokens=12)]
+    prompts = [PROMPTS[2], PROMPTS[2]]
+    outs = gpu.generate(prompts, params, use_tqdm=False)
+    assert not set(gpu.config.eos) & set(outs[0]["token_ids"][:10] + outs[1]["token_ids"][:12])
+    assert outs[0]["token_ids"][:10] == cpu.generate(prompts[:1], params[:1], use_tqdm=False)[0]["token_ids"][:10]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(min_tokens=-1), r"min_tokens must be an integer in 0\.\.max_tokens \(64\), got -1"),
+    (dict(max_tokens=8, min_tokens=9), r"min_tokens must be an integer in 0\.\.max_tokens \(8\), got 9"),
+    (dict(min_tokens=1.5), r"min_tokens must be"), (dict(min_tokens=True), r"min_tokens must be"),
+    (dict(min_tokens="3"), r"min_tokens must be"),
+])
+def test_bad_min_tokens_are_refused_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+    assert SamplingParams(max_tokens=8, min_tokens=8).min_tokens == 8

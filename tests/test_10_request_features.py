@@ -168,3 +168,133 @@ def test_n_completions_survive_preemption():
                                                                                    ignore_eos=True), use_tqdm=False)[0]
     assert tight.scheduler.num_preemptions > 0
     assert [o["token_ids"] for o in out["outputs"]] == [reference["token_ids"]] * 4
+
+
+# --- min_tokens and the stop strings; the text's three settings; the chat flags -----------------------------
+
+def test_stop_strings_wait_for_min_tokens(llm):
+    plain = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0]
+    ids = plain["token_ids"]
+    newline = ids.index(llm.tokenizer.encode("\n")[0]) + 1  # the newline is the completion's newline-th token
+    cut = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=24, stop="\n", min_tokens=newline - 1),
+                       use_tqdm=False)[0]
+    assert cut["stop_reason"] == "\n" and cut["token_ids"] == ids[:newline]
+    kept = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=24, stop="\n", min_tokens=newline),
+                        use_tqdm=False)[0]
+    assert "\n" in kept["text"] and kept["token_ids"] == ids and kept["stop_reason"] is None
+    # a match that begins within min_tokens and ends after it still stops the completion (vLLM's search)
+    span = llm.tokenizer.decode(ids[newline - 2:newline + 1])  # three tokens, the newline in the middle
+    spanned = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=24, stop=span,
+                                                        min_tokens=newline), use_tqdm=False)[0]
+    assert spanned["stop_reason"] == span and spanned["token_ids"] == ids[:newline + 1]
+
+
+def test_include_stop_str_in_output_keeps_the_stop(llm):
+    plain = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    for prompt, ref in zip(PROMPTS, plain):
+        stop = ref["text"][5:9]  # likely to end inside a token: the text must end right after the stop anyway
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, stop=stop,
+                                                    include_stop_str_in_output=True), use_tqdm=False)[0]
+        assert out["text"] == ref["text"][:ref["text"].index(stop) + len(stop)] and out["stop_reason"] == stop
+    ref = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)[0]
+    stop_id = ref["token_ids"][3]
+    out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop_id],
+                                                    include_stop_str_in_output=True), use_tqdm=False)[0]
+    assert out["text"] == llm.tokenizer.decode(ref["token_ids"][:4])  # the stop id's text is kept too (vLLM)
+    eos = llm.generate([PROMPTS[2]], SamplingParams(temperature=0, max_tokens=24, include_stop_str_in_output=True,
+                                                    skip_special_tokens=False), use_tqdm=False)[0]
+    assert eos["finish_reason"] == "stop" and eos["text"].endswith(llm.tokenizer.eos_token)
+
+
+def test_skip_special_tokens_false_keeps_them_in_the_text_only(llm):
+    params = dict(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+    skipped = llm.generate([PROMPTS[2]], SamplingParams(**params), use_tqdm=False)[0]
+    kept = llm.generate([PROMPTS[2]], SamplingParams(**params, skip_special_tokens=False), use_tqdm=False)[0]
+    assert set(llm.config.eos) & set(kept["token_ids"]), "no EOS inside the completion: the test shows nothing"
+    assert kept["text"] == llm.tokenizer.decode(kept["token_ids"], skip_special_tokens=False)
+    assert llm.tokenizer.eos_token in kept["text"] and llm.tokenizer.eos_token not in skipped["text"]
+    assert kept["token_ids"] == skipped["token_ids"] and kept["logprobs"] == skipped["logprobs"]
+    stopped = llm.generate([PROMPTS[2]], SamplingParams(temperature=0, max_tokens=12, skip_special_tokens=False),
+                           use_tqdm=False)[0]
+    assert stopped["finish_reason"] == "stop" and llm.tokenizer.eos_token not in stopped["text"]  # EOS: a stop
+
+
+def test_spaces_between_special_tokens_is_passed_to_decode(llm, monkeypatch):
+    calls = []
+    decode = llm.tokenizer.decode
+
+    def recording(ids, **kwargs):
+        calls.append(kwargs)
+        return decode(ids, **kwargs)
+
+    monkeypatch.setattr(llm.tokenizer, "decode", recording)
+    texts = []
+    for spaces in (True, False):
+        params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, skip_special_tokens=False,
+                                spaces_between_special_tokens=spaces, stop="never seen")
+        texts.append(llm.generate([PROMPTS[2]], params, use_tqdm=False)[0]["text"])
+        assert calls and all(c.get("spaces_between_special_tokens") is spaces for c in calls)
+        calls.clear()
+    assert texts[0] == texts[1]  # transformers' fast tokenizers ignore it (as vLLM's fast detokenizer does)
+
+
+@pytest.mark.parametrize("name", ["include_stop_str_in_output", "skip_special_tokens",
+                                  "spaces_between_special_tokens", "ignore_eos"])
+@pytest.mark.parametrize("value", ["no", 1, None])
+def test_the_text_flags_are_true_or_false(name, value):
+    with pytest.raises(ValueError, match=rf"^{name} must be True or False, got {value!r}"):
+        SamplingParams(**{name: value})
+
+
+def test_the_engine_of_lesson_08_refuses_the_new_fields():
+    from nanovllm_edu.engine.llm_engine import requested_features
+
+    asked = requested_features(SamplingParams(min_tokens=2, include_stop_str_in_output=True, skip_special_tokens=False,
+                                              spaces_between_special_tokens=False))
+    assert asked == ["min_tokens=2", "include_stop_str_in_output=True", "skip_special_tokens=False",
+                     "spaces_between_special_tokens=False"]
+    assert requested_features(SamplingParams()) == []
+
+
+def test_render_chat_follows_vllms_flags(llm):
+    from nanovllm_edu.engine.llm_engine import render_chat
+
+    tok, question = llm.tokenizer, [{"role": "user", "content": "Return the"}]
+    started = question + [{"role": "assistant", "content": "It returns"}]
+    template = lambda conv, **kw: tok.encode(tok.apply_chat_template(conv, tokenize=False, **kw),
+                                             add_special_tokens=False)
+    assert render_chat(tok, question) == template(question, add_generation_prompt=True)
+    closed = render_chat(tok, question, add_generation_prompt=False)
+    assert closed == template(question) and tok.decode(closed).endswith("<|im_end|>\n")
+    opened = render_chat(tok, started, add_generation_prompt=False, continue_final_message=True)
+    assert tok.decode(opened).endswith("<|im_start|>assistant\nIt returns")
+    own = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+    assert tok.decode(render_chat(tok, question, chat_template=own)) == "user: Return the\nA:"
+    for conv, kwargs, message in [
+            (started, dict(continue_final_message=True), "add_generation_prompt and continue_final_message cannot"),
+            (question, dict(add_generation_prompt=False, continue_final_message=True), "needs the last message"),
+            (question, dict(add_generation_prompt="yes"), "add_generation_prompt must be True or False"),
+            (question, dict(continue_final_message=1), "continue_final_message must be True or False"),
+            (question, dict(chat_template=5), "chat_template must be None or a Jinja template")]:
+        with pytest.raises(ValueError, match=message):
+            render_chat(tok, conv, **kwargs)
+    with pytest.raises(ValueError, match="a chat needs a tokenizer"):
+        render_chat(None, question)
+
+
+def test_chat_takes_the_flags_and_equals_generate_on_render_chat(llm):
+    from nanovllm_edu.engine.llm_engine import render_chat
+
+    started = [{"role": "user", "content": "What does this function return?"},
+               {"role": "assistant", "content": "It returns"}]
+    params = SamplingParams(temperature=0, max_tokens=8)
+    out = llm.chat(started, params, use_tqdm=False, add_generation_prompt=False, continue_final_message=True)[0]
+    ids = render_chat(llm.tokenizer, started, add_generation_prompt=False, continue_final_message=True)
+    assert out["prompt_token_ids"] == ids
+    assert out["token_ids"] == llm.generate([ids], params, use_tqdm=False)[0]["token_ids"]
+    own = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    mine = llm.chat(started[:1], params, use_tqdm=False, chat_template=own)[0]
+    assert mine["prompt_token_ids"] == llm.tokenizer.encode(started[0]["content"], add_special_tokens=False)
+    with pytest.raises(ValueError, match="cannot both be True"):
+        llm.chat(started, params, continue_final_message=True)
+    assert llm.is_finished()

@@ -75,6 +75,21 @@ def test_stream_text_adds_up_to_the_result(llm):
     assert all(a.time <= b.time for a, b in zip(outputs, outputs[1:]))
 
 
+@pytest.mark.parametrize("fields", [dict(skip_special_tokens=False, ignore_eos=True),
+                                    dict(stop=[" is", "\n"], include_stop_str_in_output=True),
+                                    dict(stop=" is", include_stop_str_in_output=True, skip_special_tokens=False)])
+def test_streams_show_the_text_the_result_shows(llm, fields):
+    params = SamplingParams(temperature=0, max_tokens=14, **fields)
+    stream = llm.submit("Raise ValueError if the", params)
+    outputs = list(stream)
+    assert "".join(o.text for o in outputs) == stream.final["text"] and stream.final["text"]
+    if params.include_stop_str_in_output:  # the result keeps the stop string: nothing is held back
+        assert stream.held_chars == 0 and stream.final["text"].endswith(stream.final["stop_reason"])
+        assert all(o.text for o in outputs if o.token_ids)  # each token's text shown as it arrives
+    if params.ignore_eos:  # the EOS inside the completion, shown as it arrives
+        assert llm.tokenizer.eos_token in "".join(o.text for o in outputs[:-1])
+
+
 def test_async_consumers_and_n_completions(llm):
     params = SamplingParams(temperature=1.0, seed=5, n=2, max_tokens=12, ignore_eos=True, logprobs=1)
 

@@ -7,7 +7,7 @@
 
 # %% auto #0
 __all__ = ['Prompt', 'TOKENIZER_FILES', 'REQUEST_FEATURES', 'load_tokenizer', 'StepResult', 'requested_features', 'LLMEngine',
-           'decoded_text', 'wrong_type', 'InflightStep', 'TokenRate']
+           'decoded_text', 'wrong_type', 'InflightStep', 'TokenRate', 'render_chat']
 
 # %% ../../notebooks/08_engine_core.ipynb #a2a6dd6f
 import numbers
@@ -52,7 +52,8 @@ class StepResult(NamedTuple):
 
 # %% ../../notebooks/08_engine_core.ipynb #features-code
 REQUEST_FEATURES = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logprobs",
-                    "prompt_logprobs", "n", "stop", "stop_token_ids")  # SamplingParams beyond the draw
+                    "prompt_logprobs", "n", "stop", "stop_token_ids", "min_tokens", "include_stop_str_in_output",
+                    "skip_special_tokens", "spaces_between_special_tokens")  # SamplingParams beyond the draw
 
 
 def requested_features(params: SamplingParams, names: tuple[str, ...] = REQUEST_FEATURES) -> list[str]:
@@ -353,7 +354,7 @@ class LLMEngine:
                     seq.completion.add_logprobs(*logprobs[row])
                 if seq.is_finished and seq.finish_reason == "stop":  # EOS: the scheduler ended it already
                     continue
-                reason = seq.completion.stop_for(seq.token_ids[index])
+                reason = seq.completion.stop_for(seq.token_ids[index], index - seq.num_prompt_tokens + 1)
                 if reason is not None:
                     seq.completion.stop_reason = reason
                     if seq not in finished:  # (async: a step launched ahead may have ended it already, by length)
@@ -400,13 +401,12 @@ class LLMEngine:
 
     # %% ../../notebooks/10_request_features.ipynb #chat-code
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = True, chat_template_kwargs: dict | None = None) -> list[dict]:
-        """Replies to one conversation or a list of them (each a list of {"role", "content"} dicts): the
-        tokenizer's chat template renders each with the assistant's turn opened, then `generate` runs the ids.
-        `chat_template_kwargs` go to the template (e.g. {"enable_thinking": False} for Qwen3)."""
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(f"chat needs a tokenizer with a chat template and {self.config.model!r} has none; "
-                             "use generate with prompts you format yourself")
+             use_tqdm: bool = True, chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template: str | None = None) -> list[dict]:
+        """Replies to one conversation or a list of them (each a list of {"role", "content"} dicts): `render_chat`
+        renders each (the assistant's turn opened, or with `continue_final_message` the last message continued;
+        `chat_template` replaces the tokenizer's), then `generate` runs the ids. `chat_template_kwargs` go to the
+        template (e.g. {"enable_thinking": False} for Qwen3)."""
         one = isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], dict)
         conversations = [messages] if one else messages
         if not isinstance(conversations, (list, tuple)) or not conversations or not all(
@@ -416,10 +416,9 @@ class LLMEngine:
                              f"list of conversations, got {messages!r:.60}")
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
             raise ValueError(f"chat_template_kwargs must be a dict or None, got {chat_template_kwargs!r}")
-        texts = [self.tokenizer.apply_chat_template(list(c), tokenize=False, add_generation_prompt=True,
-                                                    **(chat_template_kwargs or {})) for c in conversations]
-        return self.generate([self.tokenizer.encode(t, add_special_tokens=False) for t in texts], sampling_params,
-                             use_tqdm)
+        prompts = [render_chat(self.tokenizer, c, chat_template_kwargs, add_generation_prompt,
+                               continue_final_message, chat_template) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
 
     # %% ../../notebooks/13_async_scheduling.ipynb #f058edda
     def can_launch_ahead(self, inflight: "InflightStep") -> bool:
@@ -427,13 +426,14 @@ class LLMEngine:
         `inflight` forks no n > 1 completions (the forks need the parents' blocks first)."""
         return self.scheduler.can_schedule_ahead() and not inflight.output.forks
 
-# %% ../../notebooks/08_engine_core.ipynb #ec-extras
+# %% ../../notebooks/10_request_features.ipynb #text-code
 def decoded_text(tokenizer, seq: Sequence) -> str:
-    """A completion's text: its tokens decoded, special tokens left out. An EOS ends `token_ids` (it stays
-    there) but not the text: vLLM's rule. No tokenizer, no text."""
-    ids = seq.completion_token_ids
-    shown = ids[:-1] if seq.finish_reason == "stop" else ids
-    return tokenizer.decode(shown, skip_special_tokens=True) if tokenizer is not None else ""
+    """A completion's text: its tokens decoded with the request's `text_args`. An EOS or stop id ends
+    `token_ids` and is left out of the text unless include_stop_str_in_output asks for it (vLLM's rule; an
+    EOS shows only with skip_special_tokens=False). No tokenizer, no text."""
+    params, ids = seq.sampling_params, seq.completion_token_ids
+    shown = ids[:-1] if seq.finish_reason == "stop" and not params.include_stop_str_in_output else ids
+    return tokenizer.decode(shown, **text_args(params)) if tokenizer is not None else ""
 
 # %% ../../notebooks/08_engine_core.ipynb #79092487
 def wrong_type(name: str, value, expected: str, fix: str) -> ValueError:
@@ -480,3 +480,35 @@ from dataclasses import replace
 
 from .completion import CompletionState, RequestMetrics, check_sampling_params, request_metrics
 from ..sampling_params import MAX_SEED
+
+# %% ../../notebooks/10_request_features.ipynb #text-code
+from .completion import text_args
+
+# %% ../../notebooks/10_request_features.ipynb #render-code
+def render_chat(tokenizer, messages: list[dict], template_kwargs: dict | None = None,
+                add_generation_prompt: bool = True, continue_final_message: bool = False,
+                chat_template: str | None = None) -> list[int]:
+    """One conversation's prompt ids, rendered by `chat_template` (a Jinja template) or else the tokenizer's:
+    with the assistant's turn opened (`add_generation_prompt`), or the last message, the assistant's, left
+    open to be continued (`continue_final_message`). `template_kwargs` go to the template."""
+    for name, value in (("add_generation_prompt", add_generation_prompt),
+                        ("continue_final_message", continue_final_message)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("add_generation_prompt and continue_final_message cannot both be True (one opens a "
+                         "new assistant turn, the other continues the last message); pass "
+                         "add_generation_prompt=False")
+    if continue_final_message and messages[-1].get("role") != "assistant":
+        raise ValueError("continue_final_message needs the last message to be the assistant's, got role "
+                         f"{messages[-1].get('role')!r}")
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise ValueError(f"chat_template must be None or a Jinja template string, got {chat_template!r:.40}")
+    if tokenizer is None or (chat_template is None and not getattr(tokenizer, "chat_template", None)):
+        raise ValueError("a chat needs a tokenizer, and a chat template (the tokenizer's or chat_template=); "
+                         "without them use generate with prompts you format yourself")
+    text = tokenizer.apply_chat_template(list(messages), chat_template=chat_template, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt,
+                                         continue_final_message=continue_final_message,
+                                         **(template_kwargs or {}))
+    return tokenizer.encode(text, add_special_tokens=False)

@@ -195,7 +195,7 @@ class ModelRunner:
     def prepare_sample(self, seqs: list[Sequence]) -> SamplingInputs:
         """The sampling inputs of the rows that sample, with what they ask beyond the draw."""
         sampling = sampling_inputs(seqs, self.config.hf_config.vocab_size, self.device)
-        return add_request_inputs(sampling, seqs, self.token_counts, self.device)
+        return add_request_inputs(sampling, seqs, self.token_counts, self.device, self.config.eos)
 
     # %% ../../notebooks/13_async_scheduling.ipynb #36ea6a4c
     def device_inputs(self, step: StepInputs) -> StepInputs:

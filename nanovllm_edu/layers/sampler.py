@@ -117,7 +117,7 @@ def to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 class SamplingInputs:
     """One step's sampling settings on the device, a row per sampled sequence. The fields up to `top_k_max`
     are the arguments of a sampler's `forward`, in order (notebook 07's); what the runner applies itself
-    follows: `penalties` and `min_ps` before the sampler, logprobs after it. None: no row asks for it (its
+    follows: `stop_mask`, `penalties` and `min_ps` before the sampler, logprobs after it. None: no row asks for it (its
     work is skipped)."""
     temperatures: torch.Tensor  # float32 [B]; 0 is greedy
     top_ks: torch.Tensor | None = None  # int64 [B]; the vocabulary size is off
@@ -129,6 +129,7 @@ class SamplingInputs:
     top_k_max: int | None = None  # the largest top_k, for a sampler that sorts only that many
     penalties: "PenaltyInputs | None" = None  # a string: the module defines PenaltyInputs below
     min_ps: torch.Tensor | None = None  # float32 [B]; 0 is off
+    stop_mask: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) set to -inf: min_tokens
     logprob_rows: torch.Tensor | None = None  # int64: the rows that ask for logprobs
     logprob_k: int = 0  # top tokens to report per row: the most any row asks for
 

@@ -99,13 +99,20 @@ from torch import Tensor
 from .sampler import PenaltyInputs, SamplingInputs
 
 
-def add_request_inputs(sampling: SamplingInputs, seqs: list, token_counts: TokenCounts,
-                       device: torch.device) -> SamplingInputs:
-    """`sampling` with the penalties, min_p and logprobs its rows ask for (a field no row asks for stays None);
-    `seqs` are the rows' sequences (their `sampling_params`, and their tokens for the penalties' counts)."""
+def add_request_inputs(sampling: SamplingInputs, seqs: list, token_counts: TokenCounts, device: torch.device,
+                       eos_token_ids: tuple[int, ...] = ()) -> SamplingInputs:
+    """`sampling` with the min_tokens stops, penalties, min_p and logprobs its rows ask for (a field no row
+    asks for stays None); `seqs` are the rows' sequences (their `sampling_params`, their lengths for
+    min_tokens, their tokens for the penalties' counts); `eos_token_ids`: the stops min_tokens holds back."""
     params = [seq.sampling_params for seq in seqs]
-    if not any(p.penalised or p.min_p or p.logprobs is not None for p in params):
+    if not any(p.penalised or p.min_p or p.logprobs is not None or p.min_tokens for p in params):
         return sampling  # the common case, in one pass: none of it is asked for
+    held = []  # min_tokens: the stops of a row still short of it (placeholders count: a step planned ahead)
+    for row, (p, seq) in enumerate(zip(params, seqs)):
+        if seq.num_completion_tokens < p.min_tokens:
+            held += [(row, t) for t in sorted({*(() if p.ignore_eos else eos_token_ids), *p.stop_token_ids})]
+    if held:
+        sampling.stop_mask = tuple(to_device(ids, torch.int64, device) for ids in zip(*held))
     penalised = [i for i, p in enumerate(params) if p.penalised]
     if penalised:  # the rows' token counts live on the device (TokenCounts), one row per request
         sampling.penalties = PenaltyInputs(
@@ -123,9 +130,12 @@ def add_request_inputs(sampling: SamplingInputs, seqs: list, token_counts: Token
 
 def sample_with_features(draw: Callable[..., Tensor], logits: Tensor, sampling: SamplingInputs,
                          token_counts: TokenCounts) -> tuple[Tensor, tuple | None]:
-    """`draw` (the sampler, called with `sampling.sampler_args()`) on the logits as the rows ask: penalties and min_p first, the tokens counted for the
-    penalties after. Returns the tokens and, for the rows that ask, (rows, logprob, top ids, top logprobs)."""
+    """`draw` (the sampler, called with `sampling.sampler_args()`) on the logits as the rows ask: min_tokens'
+    stops, penalties and min_p first, the tokens counted for the penalties after. Returns the tokens and, for
+    the rows that ask, (rows, logprob, top ids, top logprobs): those of the raw logits."""
     raw, penalties = logits, sampling.penalties
+    if sampling.stop_mask is not None:  # a copy with the held-back stops at -inf: no sampler can draw them
+        logits = logits.index_put(sampling.stop_mask, logits.new_tensor(float("-inf")))
     if penalties is not None:
         rows, count_rows = penalties.batch_rows, penalties.count_rows
         logits = logits.float().clone()

@@ -7,4 +7,5 @@ __all__ = []
 """`python -m nanovllm_edu.serve`: an OpenAI-compatible HTTP server on the online engine (exported from
 notebooks/23_openai_server.ipynb). The modules, in the order the course builds them: protocol (request bodies in,
 response bodies out), tokenize (vLLM's /tokenize and /detokenize), app (the FastAPI routes and the uvicorn
-server), __main__ (the command line, appendix A2)."""
+server); lesson 24's guards (body limit, API key, CORS) and metrics (Prometheus, vLLM's names); __main__ (the
+command line, appendix A2)."""
