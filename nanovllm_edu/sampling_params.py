@@ -79,7 +79,7 @@ class SamplingParams:
         check_number("top_p", self.top_p, "in (0, 1] (1.0 disables it)", lambda v: 0 < v <= 1)
         check_number("min_p", self.min_p, "in [0, 1] (0 disables it)", lambda v: 0 <= v <= 1)
         for name in ("presence_penalty", "frequency_penalty"):
-            check_number(name, getattr(self, name), "a finite number (0.0 disables it)", lambda v: True)
+            check_number(name, getattr(self, name), "in [-2, 2] (vLLM's range; 0.0 disables it)", lambda v: -2 <= v <= 2)
         check_number("repetition_penalty", self.repetition_penalty, "a number > 0 (1.0 disables it)", lambda v: v > 0)
         if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")

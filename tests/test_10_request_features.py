@@ -86,8 +86,10 @@ def test_what_is_not_served_is_refused_before_any_work(llm, params, message):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(min_p=-0.1), r"min_p must be in \[0, 1\]"), (dict(repetition_penalty=0.0), r"repetition_penalty must be a number > 0"),
-    (dict(presence_penalty=float("nan")), r"presence_penalty must be a finite number"),
-    (dict(frequency_penalty="1"), r"frequency_penalty must be a finite number"), (dict(n=0), r"n must be an integer >= 1"),
+    (dict(presence_penalty=float("nan")), r"presence_penalty must be in \[-2, 2\]"),
+    (dict(presence_penalty=3), r"presence_penalty must be in \[-2, 2\] \(vLLM's range"),
+    (dict(frequency_penalty=-2.5), r"frequency_penalty must be in \[-2, 2\]"),
+    (dict(frequency_penalty="1"), r"frequency_penalty must be in \[-2, 2\]"), (dict(n=0), r"n must be an integer >= 1"),
     (dict(logprobs=True), r"logprobs must be None or an integer >= 0"), (dict(prompt_logprobs=-2), r"prompt_logprobs must be"),
     (dict(stop=["ok", ""]), r"stop must be None, a non-empty string"), (dict(stop=5), r"stop must be None"),
     (dict(stop_token_ids=7), r"stop_token_ids must be None or a list of token ids"),

@@ -184,6 +184,11 @@ BAD_REQUESTS = [  # (path, raw body, the param the error names)
     ("/tokenize", {"messages": MESSAGES, "continue_final_message": True, "add_generation_prompt": False},
      "messages"),
     ("/v1/completions", {"prompt": "a", "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
+    ("/v1/completions", {"prompt": "a", "presence_penalty": 3}, "presence_penalty"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "frequency_penalty": -2.5}, "frequency_penalty"),
+    ("/v1/completions", {"prompt": "a", "repetition_penalty": 0}, "repetition_penalty"),
+    ("/v1/completions", {"prompt": "a", "min_tokens": 20, "max_tokens": 8}, "min_tokens"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "skip_special_tokens": 0}, "skip_special_tokens"),
 ]
 
 

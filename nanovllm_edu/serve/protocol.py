@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 
 from ..config import is_int
+from ..engine.llm_engine import render_chat
 from ..online import RequestOutput
 from ..sampling_params import SamplingParams
 
@@ -228,15 +229,13 @@ def chat_turn(fields: dict, messages: list[dict]) -> tuple[bool, bool]:
 def chat_prompt_ids(tokenizer, messages: list[dict], template_kwargs: dict, add_generation_prompt: bool = True,
                     continue_final_message: bool = False) -> list[int]:
     """The conversation through the chat template, the assistant's turn opened (or its last message left open
-    to continue): the ids `LLM.chat` builds."""
+    to continue): `render_chat`, the renderer `LLM.chat` uses, with its failures as the server's refusals."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise refuse("no_template")
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                             continue_final_message=continue_final_message, **template_kwargs)
+        return render_chat(tokenizer, messages, template_kwargs, add_generation_prompt, continue_final_message)
     except Exception as err:  # the template's own checks (jinja's TemplateError), or a bad keyword argument
         raise refuse("template", err=err) from None
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def sampling_params(request: OpenAIRequest, default_max_tokens: int) -> SamplingParams:
