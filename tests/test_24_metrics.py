@@ -186,7 +186,7 @@ def test_two_engines_keep_separate_registries():
     apps = [build_app(first, "first"), build_app(second, "second")]
     metrics = [mount_metrics(apps[0], first, "first"), mount_metrics(apps[1], second, "second")]
     assert metrics[0].registry is not metrics[1].registry
-    first.generate(["Return the"], SamplingParams(max_tokens=4), use_tqdm=False)
+    first.generate(["Return the"], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     texts = [TestClient(app).get("/metrics").text for app in apps]
     assert 'vllm:generation_tokens_total{engine="0",model_name="first"} 4.0' in texts[0]
     assert 'vllm:generation_tokens_total{engine="0",model_name="second"} 0.0' in texts[1]

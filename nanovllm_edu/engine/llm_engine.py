@@ -132,6 +132,8 @@ class LLMEngine:
         for seq in aborted:
             seq.metrics.finished_time = now
             self.model_runner.release(seq.seq_id)
+        if self.observer.watches and aborted:  # no step reports them: tell the observer here
+            self.observer.requests_aborted(self, aborted)
         return aborted
 
     # %% ../../notebooks/10_request_features.ipynb #d61cd83c

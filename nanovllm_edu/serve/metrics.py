@@ -210,20 +210,14 @@ class EngineMetrics(StepObserver):
 
     # %% ../../notebooks/24_deployment.ipynb #met-mount-code
     def attach(self, engine) -> None:
-        """Watch `engine` for the rest of its life (observe's block is entered, never left). Aborts happen between
-        steps, where no observer looks (OnlineLLM.apply_aborts), so this engine's `abort_sequences`, the one
-        place every abort goes through, is wrapped to hand each aborted sequence to `request_finished`."""
+        """Watch `engine` for the rest of its life (observe's block is entered, never left)."""
         self.watching = engine.observe(self)  # kept: a block dropped unreferenced would be closed, and detach us
         self.watching.__enter__()
-        abort = engine.abort_sequences
 
-        def abort_and_count(seqs: list[Sequence] | None = None) -> list[Sequence]:
-            aborted = abort(seqs)
-            for seq in aborted:
-                self.request_finished(seq)
-            return aborted
-
-        engine.abort_sequences = abort_and_count
+    def requests_aborted(self, engine, seqs: list[Sequence]) -> None:
+        """Aborts end between steps (OnlineLLM.apply_aborts, or while waiting): the engine's abort event."""
+        for seq in seqs:
+            self.request_finished(seq)
 
 
 def mount_metrics(app: FastAPI, engine, served_model_name: str) -> EngineMetrics:
