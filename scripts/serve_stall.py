@@ -1,7 +1,8 @@
 """Does one huge request stall the others? Measured on `python -m nanovllm_edu.serve` (read by notebooks/24_deployment.ipynb).
 
 The server runs as a subprocess pinned to two cores (`taskset -c 0,1`) on the shipped tiny model. For each body (a
-20 MB completion request, sent once with a Content-Length and once chunked, each to a fresh server) this starts a
+20 MB completion request, sent once with a Content-Length and once chunked; and a 10 MB one, under the
+cap, which is parsed and tokenized before its refusal; each to a fresh server) this starts a
 long streamed completion, waits until it streams, then sends the body over a raw socket while /health is polled
 every 50 ms, and records: the stream's largest gap between chunks during the upload, /health's slowest answer
 during it, the status of the reply to the body and how long it took, and the server's resident memory
@@ -31,6 +32,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "figures" / "serve_stall_cpu.json"
 BODY_BYTES = 20_000_000
+UNDER_CAP_BYTES = 10_000_000  # under the server's 10 MiB cap: read, parsed and tokenized, then refused (400)
 POLL_SECONDS = 0.05
 TARGETS = {"stream_max_gap_s": 0.5, "health_max_s": 0.5, "refusal_s": 5.0, "rss_growth_mb": 100}
 
@@ -47,11 +49,12 @@ def rss_mb(pid: int) -> float:
     return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
 
 
-def start_server(cores: str) -> tuple[subprocess.Popen, str]:
-    """The server pinned to `cores`, and its URL once its readiness line says it listens."""
+def start_server(cores: str, package_root: Path) -> tuple[subprocess.Popen, str]:
+    """The server pinned to `cores`, and its URL once its readiness line says it listens. It runs in
+    `package_root` (`python -m` puts the working folder ahead of PYTHONPATH)."""
     command = ["taskset", "-c", cores, sys.executable, "-m", "nanovllm_edu.serve", "--port", "0", "--device", "cpu",
                "--num-kvcache-blocks", "256", "--kvcache-block-size", "16", "--log-level", "warning"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=package_root,
                                env=os.environ | {"PYTHONUNBUFFERED": "1"})
     if not select.select([process.stdout], [], [], 180)[0]:
         process.kill()
@@ -108,7 +111,7 @@ def upload(url: str, body: bytes, chunked: bool) -> dict:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    began = time.monotonic()
+    began = finished = time.monotonic()
     try:
         sock.sendall(head.encode())
         for i in range(0, len(body), 65536):
@@ -118,16 +121,17 @@ def upload(url: str, body: bytes, chunked: bool) -> dict:
             sock.sendall(b"0\r\n\r\n")
     except OSError as err:  # the server closed the connection once it had answered
         reply["send_error"] = repr(err)
+    finished = time.monotonic()
     reader.join(300)
     sock.close()
     status = re.match(rb"HTTP/1\.1 (\d+)", reply["data"])
-    return {"began": began, "answered": reply.get("answered"), "status": int(status.group(1)) if status else None,
-            "send_error": reply.get("send_error")}
+    return {"began": began, "finished": finished, "answered": reply.get("answered"),
+            "status": int(status.group(1)) if status else None, "send_error": reply.get("send_error")}
 
 
-def measure(body: bytes, chunked: bool, cores: str) -> dict:
+def measure(body: bytes, chunked: bool, cores: str, package_root: Path) -> dict:
     """One body against a fresh server, with a stream running and /health polled."""
-    process, url = start_server(cores)
+    process, url = start_server(cores, package_root)
     try:
         httpx.post(url + "/v1/completions", json={"prompt": "Return the", "max_tokens": 8}, timeout=60)  # warm up
         arrivals, polls, started, stop = [], [], threading.Event(), threading.Event()
@@ -140,7 +144,8 @@ def measure(body: bytes, chunked: bool, cores: str) -> dict:
         poller.start()
         time.sleep(0.5)  # a few polls before the upload
         sent = upload(url, body, chunked)
-        end = sent["answered"] or time.monotonic()
+        answered = sent["answered"] or time.monotonic()
+        end = max(answered, sent["finished"])  # the upload: until the reply came and the last byte was sent
         time.sleep(0.5)
         stop.set()
         poller.join(300)
@@ -150,9 +155,10 @@ def measure(body: bytes, chunked: bool, cores: str) -> dict:
         began = sent["began"]
         gaps = [b - a for a, b in zip(arrivals, arrivals[1:]) if b >= began and a <= end]  # overlapping the upload
         waits = [done - asked for asked, done in polls if done >= began and asked <= end]
-        return {"status": sent["status"], "refusal_s": round(end - began, 3),
+        return {"status": sent["status"], "refusal_s": round(answered - began, 3),
+                "upload_s": round(end - began, 3),
                 "stream_max_gap_s": round(max(gaps, default=0.0), 3), "stream_chunks": len(arrivals),
-                "health_max_s": round(max(waits, default=0.0), 3), "health_polls": len(waits),
+                "health_max_s": round(max(waits), 3) if waits else None, "health_polls": len(waits),
                 "rss_before_mb": round(rss_before, 1), "rss_after_mb": round(rss_after, 1),
                 "rss_growth_mb": round(rss_after - rss_before, 1), "client_send_error": sent["send_error"]}
     finally:
@@ -182,12 +188,16 @@ def main() -> None:
     package_root = Path(nanovllm_edu.__file__).resolve().parents[1]
     body = big_body()
     run = {"commit": commit_of(package_root), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-           "content_length": measure(body, chunked=False, cores=args.cores),
-           "chunked": measure(body, chunked=True, cores=args.cores)}
+           "content_length": measure(body, chunked=False, cores=args.cores, package_root=package_root),
+           "chunked": measure(body, chunked=True, cores=args.cores, package_root=package_root),
+           "under_cap": measure(big_body(UNDER_CAP_BYTES), chunked=False, cores=args.cores,
+                                package_root=package_root)}
     record = json.loads(args.out.read_text()) if args.out.exists() else {}
     record |= {"about": "scripts/serve_stall.py: a 20 MB completion request sent to python -m nanovllm_edu.serve "
                "(tiny model, pinned to two cores) while a 2000-token stream runs and /health is polled every "
-               "50 ms; once with a Content-Length, once chunked, each to a fresh server. before: the server "
+               "50 ms; once with a Content-Length, once chunked, each to a fresh server; under_cap: a 10,000,000-byte body, "
+               "under the cap, read, parsed and tokenized before its 400. refusal_s: until the reply's status "
+               "line; upload_s: until that and the body's last byte sent (the window of the gaps and polls). before: the server "
                "without a body limit, parsing and tokenizing on its event loop; after: this course's.",
                "body_bytes": len(body), "cores": len(args.cores.split(",")), "machine_cpus": os.cpu_count(),
                "machine": platform.machine(), "targets": TARGETS, args.key: run}
