@@ -16,7 +16,7 @@ from nanovllm_edu import SamplingParams
 from nanovllm_edu.assets import tiny_model_path
 from nanovllm_edu.online import OnlineLLM
 from nanovllm_edu.serve.app import build_app
-from nanovllm_edu.serve.metrics import TTFT_BUCKETS, EngineMetrics, buckets_1_2_5, mount_metrics
+from nanovllm_edu.serve.metrics import TTFT_BUCKETS, EngineMetrics, buckets_1_2_5
 
 MODEL = "tiny-metrics"
 
@@ -72,7 +72,7 @@ def values(http: TestClient) -> dict:
 def served():
     engine = make_engine()
     app = build_app(engine, MODEL)
-    metrics = mount_metrics(app, engine, MODEL)
+    metrics = app.state.metrics  # build_app mounts them
     yield engine, metrics, TestClient(app)
     engine.exit()
 
@@ -158,7 +158,6 @@ def wait_for(condition, timeout: float = 30.0) -> None:
 def test_gauges_are_the_engines_state_at_the_scrape():
     engine = make_engine(max_num_seqs=1)
     app = build_app(engine, MODEL)
-    mount_metrics(app, engine, MODEL)
     http = TestClient(app)
     idle = values(http)
     assert idle["vllm:num_requests_running", ""] == idle["vllm:num_requests_waiting", ""] == 0
@@ -184,7 +183,7 @@ def test_gauges_are_the_engines_state_at_the_scrape():
 def test_two_engines_keep_separate_registries():
     first, second = make_engine(), make_engine()
     apps = [build_app(first, "first"), build_app(second, "second")]
-    metrics = [mount_metrics(apps[0], first, "first"), mount_metrics(apps[1], second, "second")]
+    metrics = [app.state.metrics for app in apps]
     assert metrics[0].registry is not metrics[1].registry
     first.generate(["Return the"], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     texts = [TestClient(app).get("/metrics").text for app in apps]

@@ -232,7 +232,7 @@ def build_app(engine: OnlineLLM, served_model_name: str, options: "ServeOptions 
     post("/tokenize", lambda body: tokenize_body(body, engine.tokenizer, served_model_name, config.max_model_len))
     post("/detokenize", lambda body: detokenize_body(body, engine.tokenizer, served_model_name,
                                                      config.hf_config.vocab_size))
-    # metrics: mount_metrics(app, engine, served_model_name)
+    app.state.metrics = mount_metrics(app, engine, served_model_name)  # GET /metrics, open as /health is
     return app
 
 # %% ../../notebooks/23_openai_server.ipynb #srv-a6-code
@@ -297,6 +297,7 @@ class ServerThread:
 from importlib.metadata import PackageNotFoundError, version
 
 from .guards import ServeOptions, add_guards, parse_json, read_body
+from .metrics import mount_metrics
 
 
 def package_version() -> str:
