@@ -186,8 +186,7 @@ async def respond(engine: OnlineLLM, served_model_name: str, http_request: Reque
 
 # %% ../../notebooks/24_deployment.ipynb #app-code
 def build_app(engine: OnlineLLM, served_model_name: str, options: "ServeOptions | None" = None) -> FastAPI:
-    """The OpenAI-compatible app on `engine`, its model named `served_model_name`, guarded as `options` says
-    (None: no key, CORS open, MAX_REQUEST_BYTES); vLLM's /tokenize, /detokenize and /version beside it."""
+    """The app on `engine` as `served_model_name`, guarded as `options` says (None: no key, CORS open)."""
     options = options or ServeOptions()
     app = FastAPI(title="nanovllm-edu OpenAI-compatible server", version=package_version())
     add_error_handlers(app)
@@ -215,16 +214,15 @@ def build_app(engine: OnlineLLM, served_model_name: str, options: "ServeOptions 
         return card
 
     def post(path: str, work, answer=None) -> None:
-        """A POST route: its body read within the cap, then `work(body)` in a worker thread (the JSON, the
-        field checks, tokenizing), then `answer(result, http_request)` on the loop if given."""
+        """A POST route: its body read within the cap, `work(body)` in a worker thread, then `answer`."""
         async def route(http_request: Request):
             raw = await read_body(http_request, options.max_request_bytes)
             result = await asyncio.to_thread(lambda: work(parse_json(raw)))
             return result if answer is None else await answer(result, http_request)
         app.post(path)(route)
 
-    async def answer(request: OpenAIRequest, http_request: Request) -> Response:
-        return await respond(engine, served_model_name, http_request, request)
+    def answer(request: OpenAIRequest, http_request: Request):  # a coroutine, awaited by the route
+        return respond(engine, served_model_name, http_request, request)
 
     post("/v1/completions", parse_completion_request, answer)
     post("/v1/chat/completions", parse_chat_request, answer)
@@ -293,7 +291,7 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(timeout)
 
-# %% ../../notebooks/24_deployment.ipynb #app-code
+# %% ../../notebooks/24_deployment.ipynb #app-version-code
 from importlib.metadata import PackageNotFoundError, version
 
 from .guards import ServeOptions, add_guards, parse_json, read_body
@@ -306,3 +304,4 @@ def package_version() -> str:
         return version("nanovllm-edu")
     except PackageNotFoundError:  # a checkout on sys.path that was never installed
         return "unknown"
+
