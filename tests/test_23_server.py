@@ -356,3 +356,40 @@ def test_chat_continues_the_final_message_and_skips_the_generation_prompt(served
     assert not llm.tokenizer.decode(no_opening).endswith("<|im_start|>assistant\n")
     assert httpx.post(server.url + "/tokenize", json={"model": MODEL, "messages": MESSAGES}).json()["count"] > len(
         no_opening)
+
+
+def test_an_error_in_reading_a_stream_ends_the_request_instead_of_hanging():
+    """A stream whose outputs cannot be read (here the tokenizer's decode raises) ends the request: `outputs_of`
+    raises the error, and a streamed reply says so in an error event, then [DONE]. Before, only a RuntimeError
+    was handed on, and any other error left the request waiting forever."""
+    from types import SimpleNamespace
+
+    from nanovllm_edu.engine.sequence import Sequence
+    from nanovllm_edu.online import RequestOutput, RequestStream
+    from nanovllm_edu.serve.app import outputs_of, stream_events
+    from nanovllm_edu.serve.protocol import OpenAIRequest
+
+    class BrokenTokenizer:
+        def decode(self, ids, **decode_args):
+            raise TypeError("decode() got an unexpected keyword argument")
+
+    def stream() -> RequestStream:
+        seq = Sequence([1, 2], SamplingParams(max_tokens=2))
+        s = RequestStream(SimpleNamespace(tokenizer=BrokenTokenizer(), abort=lambda stream: None), "r-0", seq)
+        s.put(RequestOutput("r-0", 0, [3], None, 0.0, None, None))
+        return s
+
+    async def outputs() -> list:
+        return [out async for out in outputs_of([stream()])]
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        asyncio.run(asyncio.wait_for(outputs(), 10))
+
+    request = OpenAIRequest("completion", MODEL, {"max_tokens": 2}, stream=True, prompt=["x"], id="cmpl-0",
+                            created=0)
+
+    async def events() -> list[str]:
+        return [event async for event in stream_events(request, [stream()], BrokenTokenizer())]
+    got = asyncio.run(asyncio.wait_for(events(), 10))
+    assert got[-1].strip() == "data: [DONE]"
+    error = json.loads(got[-2].strip().removeprefix("data: "))["error"]
+    assert error["type"] == "server_error" and "unexpected keyword" in error["message"]

@@ -18,7 +18,7 @@ class ByteTokenizer:
     def __init__(self, pieces: list[bytes]):
         self.pieces = pieces
 
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    def decode(self, ids, **decode_args) -> str:  # no special tokens: the flags about them change nothing
         return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
 
     def ids(self, *pieces: bytes) -> list[int]:

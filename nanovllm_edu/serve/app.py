@@ -88,14 +88,15 @@ def submit(engine: OnlineLLM, request: OpenAIRequest, served_model_name: str) ->
 # %% ../../notebooks/23_openai_server.ipynb #srv-a3a-code
 async def outputs_of(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """The outputs of a request's streams (one per prompt) as they arrive, each with its prompt's index; an
-    engine failure is raised. Closing this generator stops following the streams."""
+    error that ends a stream is raised: the engine loop's, or one in reading its outputs (a stream that only
+    stopped would leave the request waiting forever). Closing this generator stops following the streams."""
     arrived: asyncio.Queue = asyncio.Queue()
 
     async def follow(p: int, stream: RequestStream) -> None:
         try:
             async for out in stream:
                 arrived.put_nowait((p, out))
-        except RuntimeError as err:
+        except Exception as err:  # handed on, so that the request ends with it
             arrived.put_nowait((p, err))
         arrived.put_nowait((p, None))  # this stream is done
 
@@ -103,7 +104,7 @@ async def outputs_of(streams: list[RequestStream]) -> AsyncIterator[tuple[int, R
     try:
         for _ in streams:
             while (item := await arrived.get())[1] is not None:
-                if isinstance(item[1], RuntimeError):
+                if isinstance(item[1], Exception):
                     raise item[1]
                 yield item
     finally:
@@ -137,8 +138,8 @@ async def stream_events(request: OpenAIRequest, streams: list[RequestStream], to
                 yield sse(chunk)
         if request.include_usage:  # a last chunk, with no choices, counts the tokens
             yield sse(chunks.chunk([], usage(request, [stream.final for stream in streams])))
-    except RuntimeError as err:  # the engine loop failed: say so in the stream (its status is already sent)
-        yield sse(refuse("engine_failed", err=err).body())
+    except Exception as err:  # say so in the stream (its status is already sent): the engine loop failed, or we did
+        yield sse(refuse("engine_failed" if isinstance(err, RuntimeError) else "crash", err=err).body())
     finally:
         for stream in streams:
             if stream.final is None:
