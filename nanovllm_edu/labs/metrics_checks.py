@@ -51,8 +51,9 @@ def _expect(fn: Callable, buckets: Buckets, q: float, why: str = "") -> None:
     if math.isnan(want):
         assert isinstance(got, float) and math.isnan(got), f"q={q} of {buckets}: got {got!r}, want NaN"
         return
-    assert isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12), \
-        f"q={q} of {buckets}: got {got!r}, want {want:.6g}" + (f" ({why})" if why else "")
+    assert isinstance(got, (int, float)), f"q={q} of {buckets}: got {got!r}, want a number"
+    assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12), \
+        f"q={q} of {buckets}: got {got:.4g}, want {want:.4g}" + (f" ({why})" if why else "")
 
 
 def _client_buckets() -> Buckets:
