@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .report import LabReport, run_checks
+from ..utils.device import resolve_device
 
 BLOCK = 16  # block size (slots per block) of the test caches
 F32_TOL, BF16_TOL = 1e-4, 2e-2  # max |out - reference|; bf16 rounds scores, probabilities and the output
@@ -45,12 +46,6 @@ class _Case:
         return self.q.shape[1] // self.k_cache.shape[2]
 
 
-def _device() -> torch.device:
-    # without CUDA, importing nanovllm_edu runs Triton kernels in the interpreter on CPU tensors; with CUDA
-    # they are compiled and need GPU tensors
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def _case(context_lens: list[int], tables: list[list[int]], heads: int, kv_heads: int, *, head_dim: int = 16,
           num_blocks: int = 8, dtype: torch.dtype = torch.float32, scale: float = 0.3, stale: str = "quiet",
           seed: int = 0) -> _Case:
@@ -71,7 +66,7 @@ def _case(context_lens: list[int], tables: list[list[int]], heads: int, kv_heads
         v[stale_slot] = _LOUD_V
     width = max(len(row) for row in tables)
     padded = [row + [-1] * (width - len(row)) for row in tables]  # -1 pads a table row, as in the engine
-    dev = _device()
+    dev = resolve_device()  # compiled Triton kernels need GPU tensors; without CUDA they run interpreted on CPU
     return _Case(q.to(dtype).to(dev), k.to(dtype).to(dev), v.to(dtype).to(dev),
                  torch.tensor(padded, dtype=torch.int32, device=dev),
                  torch.tensor(context_lens, dtype=torch.int32, device=dev), scale)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .report import LabReport, run_checks
+from ..utils.device import resolve_device  # compiled Triton kernels need GPU tensors
 from ..layers.activation import silu_and_mul
 
 ROWS = (1, 5, 17, 33)  # row counts that are not multiples of a 16-row tile
@@ -21,7 +22,8 @@ TOL = 1e-4  # float32 operands: only the order of the sums differs from torch's
 
 def _operands(m: int, n_rows: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(m, k, generator=gen), torch.randn(n_rows, k, generator=gen) / k**0.5
+    x, w = torch.randn(m, k, generator=gen), torch.randn(n_rows, k, generator=gen) / k**0.5
+    return x.to(resolve_device()), w.to(resolve_device())
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from .report import LabReport, run_checks
+from ..utils.device import resolve_device  # compiled Triton kernels need GPU tensors
 from ..layers.layernorm import add_rms_norm, rms_norm
 
 SHAPES = ((1, 96), (5, 1024), (7, 1000))  # one row, Qwen3-0.6B's width, a width that is not a power of two
@@ -24,7 +25,7 @@ def _inputs(m: int, hidden: int, seed: int) -> tuple[torch.Tensor, torch.Tensor,
     x = (torch.randn(m, hidden, generator=gen) * 3).to(torch.bfloat16)
     residual = torch.randn(m, hidden, generator=gen).to(torch.bfloat16)
     weight = (1 + 0.2 * torch.randn(hidden, generator=gen)).to(torch.bfloat16)
-    return x, residual, weight
+    return x.to(resolve_device()), residual.to(resolve_device()), weight.to(resolve_device())
 
 
 def _rounded_once(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -7,23 +7,25 @@ __all__ = ['BS', 'check_store_kvcache']
 import torch
 
 from .report import LabReport, run_checks
+from ..utils.device import resolve_device  # compiled Triton kernels need GPU tensors
 
 BS = 16  # block size of the test caches
 
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
     """Reproducible test data that leaves the global torch generator alone."""
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(resolve_device())
 
 
 def _cache(num_blocks: int = 4, heads: int = 2, head_dim: int = 8, dtype=torch.float32, fill: float = 0.0):
     """The engine's layout: one [2, layers, blocks, block_size, heads, dim] tensor; layer 1's K/V views."""
-    kv = torch.full((2, 2, num_blocks, BS, heads, head_dim), fill, dtype=dtype)
+    kv = torch.full((2, 2, num_blocks, BS, heads, head_dim), fill, dtype=dtype, device=resolve_device())
     return kv, kv[0, 1], kv[1, 1]
 
 
 def _expect_store(fn, key, value, slots, fill: float = 0.0) -> None:
     """Run `fn` and compare the whole cache tensor with index assignment."""
+    slots = slots.to(key.device)
     kv, k_cache, v_cache = _cache(dtype=key.dtype, heads=key.shape[1], head_dim=key.shape[2], fill=fill)
     want = kv.clone()
     for t, s in enumerate(slots.tolist()):
